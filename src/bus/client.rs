@@ -1,0 +1,174 @@
+//! A websocket client of the bus that reconnects with backoff.
+//!
+//! [`run`] owns the connection: incoming text frames go to a callback that must
+//! not block (the service spawns a task per request), outgoing frames come from
+//! a channel that outlives reconnections.
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, watch};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
+use tokio_tungstenite::WebSocketStream;
+
+use crate::bus::tcp;
+use crate::shutdown::Shutdown;
+
+/// A websocket connection to the bus.
+pub type WsStream = WebSocketStream<TcpStream>;
+
+/// Why the bus could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum BusError {
+    #[error("bus URL {url:?} is not valid: {why}; use e.g. ws://127.0.0.1:8181/core")]
+    BadUrl { url: String, why: String },
+    #[error("cannot connect to the bus at {url}: {source}; is the messagebus running?")]
+    Connect {
+        url: String,
+        source: std::io::Error,
+    },
+    #[error("websocket handshake with {url} failed: {source}; check the route (usually /core)")]
+    Handshake {
+        url: String,
+        source: Box<tokio_tungstenite::tungstenite::Error>,
+    },
+}
+
+impl BusError {
+    /// Nothing listens at the address (so `run` may serve the bus itself).
+    pub fn is_refused(&self) -> bool {
+        matches!(self, BusError::Connect { source, .. }
+            if source.kind() == std::io::ErrorKind::ConnectionRefused)
+    }
+}
+
+/// Connects once: TCP with TCP_NODELAY and TCP_QUICKACK, then the websocket
+/// handshake.
+pub async fn connect(url: &str) -> Result<WsStream, BusError> {
+    let bad = |why: String| BusError::BadUrl {
+        url: url.to_owned(),
+        why,
+    };
+    let request = url.into_client_request().map_err(|e| bad(e.to_string()))?;
+    let uri = request.uri();
+    if uri.scheme_str() != Some("ws") {
+        return Err(bad(
+            "only ws:// is supported (put a TLS proxy in front for wss://)".to_owned(),
+        ));
+    }
+    let host = uri.host().ok_or_else(|| bad("no host".to_owned()))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let port = uri.port_u16().unwrap_or(80);
+    let stream = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|source| BusError::Connect {
+            url: url.to_owned(),
+            source,
+        })?;
+    tcp::tune(&stream);
+    let (ws, _) =
+        tokio_tungstenite::client_async_with_config(request, stream, Some(super::ws_config()))
+            .await
+            .map_err(|e| BusError::Handshake {
+                url: url.to_owned(),
+                source: Box::new(e),
+            })?;
+    Ok(ws)
+}
+
+/// Keeps a connection to `url` until shutdown: reconnects with backoff (100 ms
+/// doubling to 5 s), hands every incoming text frame to `on_frame`, sends every
+/// frame from `outgoing`. `connected` tells whether a connection is up.
+pub async fn run(
+    url: String,
+    first: Option<WsStream>,
+    mut outgoing: mpsc::UnboundedReceiver<String>,
+    mut on_frame: impl FnMut(&str),
+    connected: watch::Sender<bool>,
+    mut shutdown: Shutdown,
+) {
+    let mut delay = Duration::from_millis(100);
+    let mut next = first;
+    loop {
+        let ws = match next.take() {
+            Some(ws) => ws,
+            None => {
+                let attempt = tokio::select! {
+                    r = connect(&url) => r,
+                    _ = shutdown.recv() => return,
+                };
+                match attempt {
+                    Ok(ws) => ws,
+                    Err(e) => {
+                        tracing::warn!("{e}; retrying in {} ms", delay.as_millis());
+                        tokio::select! {
+                            _ = tokio::time::sleep(delay) => {}
+                            _ = shutdown.recv() => return,
+                        }
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                        continue;
+                    }
+                }
+            }
+        };
+        delay = Duration::from_millis(100);
+        tracing::info!(bus = %url, "connected to the bus");
+        let _ = connected.send(true);
+        let fd = {
+            use std::os::fd::AsRawFd;
+            ws.get_ref().as_raw_fd()
+        };
+        let (mut sink, mut stream) = ws.split();
+        let ended = loop {
+            tokio::select! {
+                frame = stream.next() => match frame {
+                    Some(Ok(WsMessage::Text(text))) => {
+                        tcp::quickack(&RawFd(fd));
+                        on_frame(text.as_str());
+                    }
+                    Some(Ok(WsMessage::Close(_))) | None => break "the bus closed the connection".to_owned(),
+                    Some(Ok(_)) => tcp::quickack(&RawFd(fd)),
+                    Some(Err(e)) => break format!("bus connection failed: {e}"),
+                },
+                frame = outgoing.recv() => {
+                    let Some(frame) = frame else { return };
+                    let mut result = sink.feed(WsMessage::text(frame)).await;
+                    // Send whatever else is queued before flushing once.
+                    while result.is_ok() {
+                        match outgoing.try_recv() {
+                            Ok(more) => result = sink.feed(WsMessage::text(more)).await,
+                            Err(_) => break,
+                        }
+                    }
+                    if let Err(e) = result.and(sink.flush().await) {
+                        break format!("writing to the bus failed: {e}");
+                    }
+                }
+                _ = shutdown.recv() => {
+                    // Answers queued by the last calls still go out.
+                    while let Ok(frame) = outgoing.try_recv() {
+                        if sink.feed(WsMessage::text(frame)).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = sink.flush().await;
+                    let _ = sink.close().await;
+                    return;
+                }
+            }
+        };
+        let _ = connected.send(false);
+        tracing::warn!(bus = %url, "{ended}; reconnecting");
+    }
+}
+
+/// A borrowed raw fd, for socket options on a stream split into halves.
+struct RawFd(std::os::fd::RawFd);
+
+impl std::os::fd::AsRawFd for RawFd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0
+    }
+}

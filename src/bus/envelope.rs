@@ -1,0 +1,264 @@
+//! The OVOS-MSG-1 envelope: `{"type", "data", "context"}`, strict decoding and
+//! the forward / reply / response derivations.
+//!
+//! Decoding is strict because the bus carries whatever any client writes: a frame
+//! that is not a JSON object, has a missing, empty or non-string `type`, or a
+//! non-object `data`/`context` is rejected with a [`DecodeError`] that says which
+//! rule it broke. An absent or `null` `data`/`context` is `{}`.
+
+use serde_json::{Map, Value};
+
+/// A JSON object, the type of `data` and `context`.
+pub type Object = Map<String, Value>;
+
+/// One bus message.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// The topic, e.g. `ovos.tools.invoke`. Never empty.
+    pub msg_type: String,
+    /// The payload; what a topic's specification defines.
+    pub data: Object,
+    /// Routing and session information; carried unchanged into answers.
+    pub context: Object,
+}
+
+/// Why a frame is not an OVOS-MSG-1 envelope.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DecodeError {
+    #[error("frame is not valid JSON: {0}")]
+    NotJson(String),
+    #[error("frame is JSON but not an object")]
+    NotObject,
+    #[error("frame has no \"type\"")]
+    MissingType,
+    #[error("frame's \"type\" is not a non-empty string")]
+    BadType,
+    #[error("frame's \"{0}\" is not an object")]
+    NotAnObject(&'static str),
+}
+
+impl Message {
+    /// A new message with empty context.
+    pub fn new(msg_type: impl Into<String>, data: Object) -> Message {
+        Message {
+            msg_type: msg_type.into(),
+            data,
+            context: Object::new(),
+        }
+    }
+
+    /// Decodes one websocket text frame.
+    pub fn decode(text: &str) -> Result<Message, DecodeError> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+        Message::from_value(value)
+    }
+
+    /// Checks an already parsed JSON value against the envelope rules.
+    pub fn from_value(value: Value) -> Result<Message, DecodeError> {
+        let Value::Object(mut obj) = value else {
+            return Err(DecodeError::NotObject);
+        };
+        let msg_type = match obj.remove("type") {
+            None => return Err(DecodeError::MissingType),
+            Some(Value::String(s)) if !s.is_empty() => s,
+            Some(_) => return Err(DecodeError::BadType),
+        };
+        let data = take_object(&mut obj, "data")?;
+        let context = take_object(&mut obj, "context")?;
+        Ok(Message {
+            msg_type,
+            data,
+            context,
+        })
+    }
+
+    /// Encodes the message as one websocket text frame.
+    pub fn encode(&self) -> String {
+        #[derive(serde::Serialize)]
+        struct Wire<'a> {
+            #[serde(rename = "type")]
+            msg_type: &'a str,
+            data: &'a Object,
+            context: &'a Object,
+        }
+        let wire = Wire {
+            msg_type: &self.msg_type,
+            data: &self.data,
+            context: &self.context,
+        };
+        // invariant: a struct of strings and JSON maps always serializes.
+        serde_json::to_string(&wire).unwrap_or_default()
+    }
+
+    /// OVOS-MSG-1 forward: a new topic and payload, the context copied unchanged.
+    pub fn forward(&self, msg_type: impl Into<String>, data: Object) -> Message {
+        Message {
+            msg_type: msg_type.into(),
+            data,
+            context: self.context.clone(),
+        }
+    }
+
+    /// OVOS-MSG-1 reply: the context copied, then the routing pair swapped.
+    ///
+    /// If the request had `destination`, the new `source` is that destination
+    /// (its first element when it is a list); if the request had `source`, the new
+    /// `destination` is that source. A key the request lacked keeps its copied
+    /// value (or stays absent). Every other key, `session` included, is carried
+    /// unchanged and nothing is added.
+    pub fn reply(&self, msg_type: impl Into<String>, data: Object) -> Message {
+        let mut context = self.context.clone();
+        if let Some(destination) = self.context.get("destination") {
+            let source = match destination {
+                Value::Array(items) => items.first().cloned().unwrap_or(Value::Null),
+                other => other.clone(),
+            };
+            context.insert("source".to_owned(), source);
+        }
+        if let Some(source) = self.context.get("source") {
+            context.insert("destination".to_owned(), source.clone());
+        }
+        Message {
+            msg_type: msg_type.into(),
+            data,
+            context,
+        }
+    }
+
+    /// OVOS-MSG-1 response: a reply on the topic suffixed with `.response`.
+    pub fn response(&self, data: Object) -> Message {
+        self.reply(format!("{}.response", self.msg_type), data)
+    }
+}
+
+fn take_object(obj: &mut Object, key: &'static str) -> Result<Object, DecodeError> {
+    match obj.remove(key) {
+        None | Some(Value::Null) => Ok(Object::new()),
+        Some(Value::Object(map)) => Ok(map),
+        Some(_) => Err(DecodeError::NotAnObject(key)),
+    }
+}
+
+/// Builds an [`Object`] from `key => value` pairs.
+#[macro_export]
+macro_rules! object {
+    ($($key:expr => $value:expr),* $(,)?) => {{
+        #[allow(unused_mut)]
+        let mut map = $crate::bus::envelope::Object::new();
+        $( map.insert(($key).to_string(), serde_json::Value::from($value)); )*
+        map
+    }};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn msg(context: Value) -> Message {
+        Message::decode(&json!({"type": "t", "data": {}, "context": context}).to_string()).unwrap()
+    }
+
+    #[test]
+    fn decode_defaults_absent_and_null_data_and_context() {
+        let m = Message::decode(r#"{"type":"a"}"#).unwrap();
+        assert!(m.data.is_empty() && m.context.is_empty());
+        let m = Message::decode(r#"{"type":"a","data":null,"context":null}"#).unwrap();
+        assert!(m.data.is_empty() && m.context.is_empty());
+    }
+
+    #[test]
+    fn decode_rejects_every_malformed_shape() {
+        assert!(matches!(
+            Message::decode("not json"),
+            Err(DecodeError::NotJson(_))
+        ));
+        assert_eq!(Message::decode("[1,2]"), Err(DecodeError::NotObject));
+        assert_eq!(Message::decode("\"x\""), Err(DecodeError::NotObject));
+        assert_eq!(Message::decode("{}"), Err(DecodeError::MissingType));
+        assert_eq!(
+            Message::decode(r#"{"type":""}"#),
+            Err(DecodeError::BadType)
+        );
+        assert_eq!(Message::decode(r#"{"type":3}"#), Err(DecodeError::BadType));
+        assert_eq!(
+            Message::decode(r#"{"type":"a","data":[1]}"#),
+            Err(DecodeError::NotAnObject("data"))
+        );
+        assert_eq!(
+            Message::decode(r#"{"type":"a","context":"x"}"#),
+            Err(DecodeError::NotAnObject("context"))
+        );
+    }
+
+    #[test]
+    fn encode_round_trips() {
+        let m = msg(json!({"session": {"session_id": "s"}}));
+        assert_eq!(Message::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn response_swaps_source_and_destination() {
+        let r = msg(json!({"source": "A", "destination": "B"})).response(Object::new());
+        assert_eq!(r.msg_type, "t.response");
+        assert_eq!(r.context["source"], "B");
+        assert_eq!(r.context["destination"], "A");
+    }
+
+    #[test]
+    fn response_to_source_only_targets_the_source() {
+        let r = msg(json!({"source": "A"})).response(Object::new());
+        assert_eq!(r.context["source"], "A");
+        assert_eq!(r.context["destination"], "A");
+    }
+
+    #[test]
+    fn response_to_destination_only_keeps_destination() {
+        let r = msg(json!({"destination": "B"})).response(Object::new());
+        assert_eq!(r.context["source"], "B");
+        assert_eq!(r.context["destination"], "B");
+    }
+
+    #[test]
+    fn list_destination_gives_its_first_element_as_source() {
+        let r = msg(json!({"source": "A", "destination": ["B", "C"]})).response(Object::new());
+        assert_eq!(r.context["source"], "B");
+        assert_eq!(r.context["destination"], "A");
+        let r = msg(json!({"destination": ["B", "C"]})).response(Object::new());
+        assert_eq!(r.context["source"], "B");
+        assert_eq!(r.context["destination"], json!(["B", "C"]));
+    }
+
+    #[test]
+    fn absent_keys_stay_absent_and_nothing_is_added() {
+        let r = msg(json!({})).response(Object::new());
+        assert!(r.context.is_empty(), "{:?}", r.context);
+    }
+
+    #[test]
+    fn session_and_foreign_keys_are_carried_unchanged() {
+        let ctx = json!({"source": "A", "destination": "B",
+                         "session": {"session_id": "s1", "lang": "pt-PT"},
+                         "x-trace": [1, {"y": null}]});
+        let r = msg(ctx.clone()).response(Object::new());
+        assert_eq!(r.context["session"], ctx["session"]);
+        assert_eq!(r.context["x-trace"], ctx["x-trace"]);
+        assert_eq!(r.context.len(), 4);
+    }
+
+    #[test]
+    fn forward_copies_context_verbatim() {
+        let m = msg(json!({"source": "A", "destination": "B"}));
+        let f = m.forward("u", object! {"k" => 1});
+        assert_eq!(f.context, m.context);
+        assert_eq!(f.data["k"], 1);
+    }
+
+    #[test]
+    fn reply_uses_the_given_topic() {
+        let r = msg(json!({"source": "A"})).reply("other", Object::new());
+        assert_eq!(r.msg_type, "other");
+        assert_eq!(r.context["destination"], "A");
+    }
+}

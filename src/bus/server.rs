@@ -1,0 +1,169 @@
+//! The embedded messagebus: a broadcast websocket server, a drop-in for the
+//! Python ovos-messagebus on one machine.
+//!
+//! Like the Python bus it serves one route (`/core`), greets each client with a
+//! `connected` message and relays every text frame, unparsed, to every client,
+//! the sender included. Unlike it, every socket sets TCP_NODELAY, and each client
+//! has a bounded queue: a client that stops reading is disconnected rather than
+//! allowed to grow the bus's memory without bound.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::StatusCode;
+use tokio_tungstenite::tungstenite::{Message as WsMessage, Utf8Bytes};
+
+use crate::bus::tcp;
+use crate::shutdown::Shutdown;
+
+/// The route clients connect to.
+pub const ROUTE: &str = "/core";
+/// Frames queued for one client before it counts as stuck and is dropped.
+const CLIENT_QUEUE: usize = 16 * 1024;
+/// What a client receives first, as from the Python ovos-messagebus.
+const CONNECTED: &str =
+    r#"{"type": "connected", "data": {}, "context": {"session": {"session_id": "default"}}}"#;
+
+/// Every connected client's queue, by connection number.
+#[derive(Default)]
+struct Clients {
+    /// Queues of frames waiting to be written to each client.
+    queues: RwLock<HashMap<u64, mpsc::Sender<Utf8Bytes>>>,
+    /// Numbers connections.
+    next: AtomicU64,
+}
+
+impl Clients {
+    /// Relays one frame to every client; returns the clients that were stuck.
+    fn broadcast(&self, frame: &Utf8Bytes) -> Vec<u64> {
+        let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
+        queues
+            .iter()
+            .filter(|(_, q)| q.try_send(frame.clone()).is_err())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    fn remove(&self, id: u64) {
+        self.queues
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+}
+
+/// Binds the bus; the returned listener's `local_addr` is the real port when
+/// `addr` asked for port 0.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Serves the bus on `listener` until shutdown.
+pub async fn serve(listener: TcpListener, mut shutdown: Shutdown) {
+    let clients = Arc::new(Clients::default());
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.recv() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                tokio::spawn(client(stream, peer, clients.clone(), shutdown.clone()));
+            }
+            Err(e) => {
+                // Out of fds and the like: back off a little instead of spinning.
+                tracing::warn!("bus accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn check_route(request: &Request, response: Response) -> Result<Response, ErrorResponse> {
+    let path = request.uri().path();
+    if path == ROUTE || path == "/core/" {
+        Ok(response)
+    } else {
+        let mut refusal = ErrorResponse::new(Some(format!(
+            "no bus at {path}; connect to {ROUTE}\n"
+        )));
+        *refusal.status_mut() = StatusCode::NOT_FOUND;
+        Err(refusal)
+    }
+}
+
+async fn client(stream: TcpStream, peer: SocketAddr, clients: Arc<Clients>, mut shutdown: Shutdown) {
+    tcp::tune(&stream);
+    let ws = match tokio_tungstenite::accept_hdr_async_with_config(
+        stream,
+        check_route,
+        Some(super::ws_config()),
+    )
+    .await
+    {
+        Ok(ws) => ws,
+        Err(e) => {
+            tracing::debug!(%peer, "bus handshake failed: {e}");
+            return;
+        }
+    };
+    let id = clients.next.fetch_add(1, Ordering::Relaxed);
+    let (tx, mut rx) = mpsc::channel::<Utf8Bytes>(CLIENT_QUEUE);
+    let _ = tx.try_send(Utf8Bytes::from_static(CONNECTED));
+    clients
+        .queues
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id, tx);
+    tracing::debug!(%peer, id, "bus client connected");
+    let (mut sink, mut source) = ws.split();
+
+    let writer = async {
+        while let Some(frame) = rx.recv().await {
+            if sink.feed(WsMessage::Text(frame)).await.is_err() {
+                return;
+            }
+            while let Ok(more) = rx.try_recv() {
+                if sink.feed(WsMessage::Text(more)).await.is_err() {
+                    return;
+                }
+            }
+            if sink.flush().await.is_err() {
+                return;
+            }
+        }
+        // The queue was dropped: this client was removed as stuck.
+        let _ = sink.close().await;
+    };
+    let reader = async {
+        while let Some(frame) = source.next().await {
+            match frame {
+                Ok(WsMessage::Text(text)) => {
+                    for stuck in clients.broadcast(&text) {
+                        tracing::warn!(id = stuck, "bus client is not reading; disconnecting it");
+                        clients.remove(stuck);
+                    }
+                }
+                Ok(WsMessage::Close(_)) => return,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(%peer, id, "bus client error: {e}");
+                    return;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = writer => {}
+        _ = reader => {}
+        _ = shutdown.recv() => {}
+    }
+    clients.remove(id);
+    tracing::debug!(%peer, id, "bus client disconnected");
+}

@@ -1,0 +1,561 @@
+//! One child process: spawn, stdio framing, request multiplexing, exit.
+//!
+//! A [`Child`] owns the process. Four small tasks serve it: a writer that owns
+//! stdin, a reader that owns stdout and routes each response to its waiting
+//! caller by JSON-RPC id, a stderr forwarder, and a reaper that waits for the
+//! exit and fails every call still in flight with the exit status. Dropping the
+//! `Child` kills its whole process group, so nothing leaks; the process also gets
+//! a parent-death signal, so it dies even if toolboxd is killed outright.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{ChildStdin, Command};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::manifest::Manifest;
+use crate::mcp::{self, Incoming, RpcError};
+
+/// How a child process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitInfo {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+}
+
+impl ExitInfo {
+    /// Whether the exit counts as a failure for `restart.policy = "on-failure"`.
+    pub fn is_failure(self) -> bool {
+        self != ExitInfo::Code(0)
+    }
+}
+
+impl fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitInfo::Code(c) => write!(f, "code {c}"),
+            ExitInfo::Signal(s) => write!(f, "signal {s}"),
+        }
+    }
+}
+
+impl From<std::process::ExitStatus> for ExitInfo {
+    fn from(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ExitInfo::Code(code),
+            (None, Some(signal)) => ExitInfo::Signal(signal),
+            (None, None) => ExitInfo::Code(-1),
+        }
+    }
+}
+
+/// Why a request to a child got no result.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RpcFailure {
+    /// The child answered with a JSON-RPC error.
+    #[error("{}", .0.message)]
+    Rpc(RpcError),
+    /// The process ended before answering.
+    #[error("exited ({0})")]
+    Exited(ExitInfo),
+    /// The child broke the protocol and is being killed.
+    #[error("broke the protocol: {0}")]
+    Broken(String),
+}
+
+/// Something the child told us that its owner must act on.
+#[derive(Debug)]
+pub enum ChildEvent {
+    /// `notifications/tools/list_changed`.
+    ToolsChanged,
+}
+
+/// Calls waiting for their answer, by request id.
+type Pending = HashMap<u64, oneshot::Sender<Result<Value, RpcFailure>>>;
+
+/// The state shared by a child's tasks and its callers.
+struct Link {
+    /// The toolbox this child serves, for every log line.
+    toolbox: String,
+    /// The process id, for every log line.
+    pid: u32,
+    /// Next JSON-RPC request id.
+    next_id: AtomicU64,
+    /// Callers waiting for answers. A plain mutex: it is held only to insert or
+    /// remove one entry, never across an await.
+    pending: Mutex<Pending>,
+    /// Set once the child is gone (or broken): new requests fail at once with it.
+    closed: Mutex<Option<RpcFailure>>,
+    /// Lines for the writer task, which owns stdin.
+    stdin: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+impl Link {
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        // A panic while holding this lock would be a bug in a few lines of map
+        // code; the map itself stays consistent, so recover it rather than panic.
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Fails every pending call and every later one with `why`.
+    fn close(&self, why: RpcFailure) {
+        {
+            let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+            // An exit status is more useful to callers than "broken": keep the
+            // exit once it is known.
+            if closed.is_none() || matches!(why, RpcFailure::Exited(_)) {
+                *closed = Some(why.clone());
+            }
+        }
+        let waiting: Vec<_> = self.lock_pending().drain().map(|(_, tx)| tx).collect();
+        for tx in waiting {
+            let _ = tx.send(Err(why.clone()));
+        }
+    }
+}
+
+/// Removes a request from `pending` if its caller gives up (timeout or drop),
+/// and tells the child to cancel it.
+struct InFlight<'a> {
+    link: &'a Link,
+    id: u64,
+    done: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.link.lock_pending().remove(&self.id).is_some() {
+            let params = serde_json::json!({"requestId": self.id, "reason": "timed out"});
+            let _ = self
+                .link
+                .stdin
+                .send(mcp::notification_line("notifications/cancelled", &params));
+        }
+    }
+}
+
+/// A cheap handle for sending requests to one child; clone it freely.
+#[derive(Clone)]
+pub struct RpcHandle {
+    link: Arc<Link>,
+}
+
+impl RpcHandle {
+    /// Sends a request and waits for its answer. Dropping the future (e.g. on a
+    /// timeout) withdraws the request and sends `notifications/cancelled`.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+        let link = &*self.link;
+        let id = link.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let closed = link.closed.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(why) = closed.as_ref() {
+                return Err(why.clone());
+            }
+            link.lock_pending().insert(id, tx);
+        }
+        let mut guard = InFlight {
+            link,
+            id,
+            done: false,
+        };
+        if link.stdin.send(mcp::request_line(id, method, &params)).is_err() {
+            guard.done = true;
+            link.lock_pending().remove(&id);
+            return Err(self.closed_reason());
+        }
+        let answer = rx.await;
+        guard.done = true;
+        match answer {
+            Ok(result) => result,
+            Err(_) => Err(self.closed_reason()),
+        }
+    }
+
+    /// Sends a notification; a child that is gone is not an error here.
+    pub fn notify(&self, method: &str, params: Value) {
+        let _ = self.link.stdin.send(mcp::notification_line(method, &params));
+    }
+
+    /// Requests waiting for an answer right now.
+    pub fn in_flight(&self) -> usize {
+        self.link.lock_pending().len()
+    }
+
+    fn closed_reason(&self) -> RpcFailure {
+        self.link
+            .closed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or(RpcFailure::Broken("the child's pipes closed".to_owned()))
+    }
+}
+
+/// Spawning a child failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start {program}: {source}; check the manifest's command and that it is executable")]
+pub struct SpawnError {
+    program: String,
+    source: std::io::Error,
+}
+
+/// A running child process. Dropping it kills the process group.
+pub struct Child {
+    /// Process id (and process group id).
+    pid: u32,
+    /// Sends requests to the child.
+    rpc: RpcHandle,
+    /// Becomes `Some` when the process has exited and been reaped.
+    exit: watch::Receiver<Option<ExitInfo>>,
+}
+
+impl Child {
+    /// Spawns the manifest's command with piped stdio, in its own process group.
+    /// Returns the child and the receiver of its events (closed when it exits).
+    pub fn spawn(manifest: &Manifest) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
+        let mut cmd = Command::new(&manifest.program);
+        cmd.args(&manifest.args)
+            .current_dir(&manifest.cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        if manifest.env_clear {
+            cmd.env_clear();
+        }
+        cmd.envs(&manifest.env);
+        let parent = std::process::id();
+        // SAFETY: the closure runs between fork and exec and calls only
+        // async-signal-safe functions (prctl, getppid, _exit).
+        unsafe {
+            cmd.pre_exec(move || {
+                // Die with the daemon. The signal fires when the *thread* that
+                // forked exits; children are spawned from runtime worker threads,
+                // which live as long as the daemon.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() as u32 != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let mut process = cmd.spawn().map_err(|source| SpawnError {
+            program: manifest.program.display().to_string(),
+            source,
+        })?;
+        // invariant: all three pipes were requested above and not yet taken.
+        let (Some(stdin), Some(stdout), Some(stderr), Some(pid)) = (
+            process.stdin.take(),
+            process.stdout.take(),
+            process.stderr.take(),
+            process.id(),
+        ) else {
+            return Err(SpawnError {
+                program: manifest.program.display().to_string(),
+                source: std::io::Error::other("the child's pipes or pid are missing"),
+            });
+        };
+
+        let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
+        let link = Arc::new(Link {
+            toolbox: manifest.id.clone(),
+            pid,
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            closed: Mutex::new(None),
+            stdin: stdin_tx,
+        });
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (exit_tx, exit_rx) = watch::channel(None);
+
+        tokio::spawn(write_stdin(stdin, stdin_rx));
+        tokio::spawn(read_stdout(
+            link.clone(),
+            stdout,
+            manifest.limits.max_message_bytes,
+            events_tx,
+        ));
+        tokio::spawn(forward_stderr(manifest.id.clone(), pid, stderr));
+        let reaper_link = link.clone();
+        tokio::spawn(async move {
+            let exit = match process.wait().await {
+                Ok(status) => ExitInfo::from(status),
+                Err(e) => {
+                    tracing::error!(toolbox = %reaper_link.toolbox, pid, "cannot wait for the child: {e}");
+                    ExitInfo::Code(-1)
+                }
+            };
+            reaper_link.close(RpcFailure::Exited(exit));
+            let _ = exit_tx.send(Some(exit));
+        });
+
+        Ok((
+            Child {
+                pid,
+                rpc: RpcHandle { link },
+                exit: exit_rx,
+            },
+            events_rx,
+        ))
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// A handle for requests to this child.
+    pub fn rpc(&self) -> &RpcHandle {
+        &self.rpc
+    }
+
+    /// How it exited, once it has.
+    pub fn exit_status(&self) -> Option<ExitInfo> {
+        *self.exit.borrow()
+    }
+
+    /// Waits until the process has exited and been reaped.
+    pub async fn exited(&self) -> ExitInfo {
+        let mut exit = self.exit.clone();
+        loop {
+            if let Some(info) = *exit.borrow_and_update() {
+                return info;
+            }
+            if exit.changed().await.is_err() {
+                // The reaper never drops its sender before sending.
+                return ExitInfo::Code(-1);
+            }
+        }
+    }
+
+    /// Sends `signal` to the child's whole process group.
+    pub fn signal_group(&self, signal: nix::sys::signal::Signal) {
+        let pgid = nix::unistd::Pid::from_raw(self.pid as i32);
+        let _ = nix::sys::signal::killpg(pgid, signal);
+    }
+
+    /// Stops the child: close stdin, wait `grace`, SIGTERM the group, wait
+    /// `grace`, SIGKILL the group. Returns how it exited.
+    pub async fn stop(&self, grace: Duration) -> ExitInfo {
+        use nix::sys::signal::Signal;
+        // Closing stdin is what MCP's stdio transport defines as "shut down".
+        self.rpc.link.close(RpcFailure::Broken("the toolbox is stopping".to_owned()));
+        let _ = self.rpc.link.stdin.send(Vec::new());
+        if let Ok(exit) = tokio::time::timeout(grace, self.exited()).await {
+            self.signal_group(Signal::SIGKILL); // leftovers in its group
+            return exit;
+        }
+        self.signal_group(Signal::SIGTERM);
+        if let Ok(exit) = tokio::time::timeout(grace, self.exited()).await {
+            self.signal_group(Signal::SIGKILL);
+            return exit;
+        }
+        self.signal_group(Signal::SIGKILL);
+        self.exited().await
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // The group id stays reserved while any member lives, so this can only
+        // reach this child's own leftovers (or nothing).
+        self.signal_group(nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// Owns stdin: writes each line, flushing when no more are queued. An empty
+/// line is the request to close stdin.
+async fn write_stdin(stdin: ChildStdin, mut lines: mpsc::UnboundedReceiver<Vec<u8>>) {
+    let mut stdin = tokio::io::BufWriter::new(stdin);
+    while let Some(line) = lines.recv().await {
+        if line.is_empty() {
+            break;
+        }
+        if stdin.write_all(&line).await.is_err() {
+            return;
+        }
+        if lines.is_empty() && stdin.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = stdin.flush().await;
+    let _ = stdin.shutdown().await;
+}
+
+/// Reads one `\n`-terminated line of at most `max` bytes into `buf` (without the
+/// newline). `Ok(false)` at end of stream.
+async fn read_line_bounded<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> Result<bool, String> {
+    buf.clear();
+    loop {
+        let available = reader.fill_buf().await.map_err(|e| format!("read failed: {e}"))?;
+        if available.is_empty() {
+            return Ok(!buf.is_empty());
+        }
+        let (chunk, found) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (&available[..i], Some(i + 1)),
+            None => (available, None),
+        };
+        if buf.len() + chunk.len() > max {
+            return Err(format!("a stdout line is longer than max_message_bytes ({max})"));
+        }
+        buf.extend_from_slice(chunk);
+        let used = found.unwrap_or(chunk.len());
+        reader.consume(used);
+        if found.is_some() {
+            return Ok(true);
+        }
+    }
+}
+
+/// Owns stdout: routes responses to callers, answers the child's requests,
+/// forwards notifications. A protocol break closes the link and kills the child.
+async fn read_stdout(
+    link: Arc<Link>,
+    stdout: tokio::process::ChildStdout,
+    max: usize,
+    events: mpsc::UnboundedSender<ChildEvent>,
+) {
+    let toolbox = link.toolbox.as_str();
+    let pid = link.pid;
+    let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+    let mut line = Vec::new();
+    let mut junk_logged = false;
+    let why = loop {
+        match read_line_bounded(&mut reader, &mut line, max).await {
+            Ok(true) => {}
+            Ok(false) => break "the child closed its stdout".to_owned(),
+            Err(e) => break e,
+        }
+        let trimmed = line.trim_ascii();
+        if trimmed.is_empty() {
+            continue;
+        }
+        match mcp::parse_line(trimmed) {
+            Ok(Incoming::Response { id, result }) => {
+                let waiter = id.and_then(|id| link.lock_pending().remove(&id));
+                match waiter {
+                    Some(tx) => {
+                        let _ = tx.send(result.map_err(RpcFailure::Rpc));
+                    }
+                    None => tracing::debug!(
+                        toolbox,
+                        pid,
+                        ?id,
+                        "response to an unknown or withdrawn request id, ignored"
+                    ),
+                }
+            }
+            Ok(Incoming::Request { id, method, .. }) => {
+                // toolboxd declares no client capabilities; answer at once so
+                // the child never waits on us.
+                let answer = if method == "ping" {
+                    Ok(serde_json::json!({}))
+                } else {
+                    tracing::debug!(toolbox, pid, %method, "child request refused: method not found");
+                    Err((mcp::METHOD_NOT_FOUND, "toolboxd does not offer this method"))
+                };
+                let _ = link.stdin.send(mcp::response_line(&id, answer));
+            }
+            Ok(Incoming::Notification { method, params }) => match method.as_str() {
+                "notifications/tools/list_changed" => {
+                    let _ = events.send(ChildEvent::ToolsChanged);
+                }
+                "notifications/message" => log_child_message(toolbox, pid, &params),
+                _ => tracing::trace!(toolbox, pid, %method, "notification ignored"),
+            },
+            Err(e) => {
+                if !junk_logged {
+                    junk_logged = true;
+                    tracing::warn!(
+                        toolbox,
+                        pid,
+                        "ignoring a stdout line that is {e} (further ones are logged at debug): {}",
+                        String::from_utf8_lossy(&trimmed[..trimmed.len().min(200)])
+                    );
+                } else {
+                    tracing::debug!(toolbox, pid, "ignoring a stdout line that is {e}");
+                }
+            }
+        }
+    };
+    // A child that closed stdout or broke framing cannot answer anything more.
+    tracing::warn!(toolbox, pid, "stdout is unusable ({why}); stopping the child");
+    link.close(RpcFailure::Broken(why));
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+fn log_child_message(toolbox: &str, pid: u32, params: &Value) {
+    let level = params.get("level").and_then(Value::as_str).unwrap_or("info");
+    let data = params.get("data").cloned().unwrap_or(Value::Null);
+    let text = match &data {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    match level {
+        "debug" => tracing::debug!(toolbox, pid, "{text}"),
+        "info" | "notice" => tracing::info!(toolbox, pid, "{text}"),
+        "warning" => tracing::warn!(toolbox, pid, "{text}"),
+        _ => tracing::error!(toolbox, pid, "{text}"),
+    }
+}
+
+/// Longest stderr line logged; the rest of a longer line is cut.
+const STDERR_LINE_MAX: usize = 4096;
+
+/// Forwards every stderr line to the log, tagged with the toolbox and pid.
+async fn forward_stderr(toolbox: String, pid: u32, stderr: tokio::process::ChildStderr) {
+    let mut reader = BufReader::new(stderr);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // Read at most STDERR_LINE_MAX bytes of a line; drop the rest of it.
+        match (&mut reader)
+            .take(STDERR_LINE_MAX as u64)
+            .read_until(b'\n', &mut line)
+            .await
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if line.last() != Some(&b'\n') {
+            // Skip the rest of an over-long line in bounded pieces.
+            let mut rest = Vec::new();
+            loop {
+                rest.clear();
+                match (&mut reader)
+                    .take(STDERR_LINE_MAX as u64)
+                    .read_until(b'\n', &mut rest)
+                    .await
+                {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) if rest.last() == Some(&b'\n') => break,
+                    Ok(_) => {}
+                }
+            }
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end();
+        if !text.is_empty() {
+            tracing::info!(target: "toolboxd::stderr", toolbox = %toolbox, pid, "{text}");
+        }
+    }
+}

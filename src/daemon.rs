@@ -1,0 +1,135 @@
+//! `toolboxd run`: wires the bus, the supervisor and the service together and
+//! handles signals.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::{mpsc, watch};
+
+use crate::bus::{self, client, server};
+use crate::registry::Registry;
+use crate::service::Service;
+use crate::shutdown::ShutdownTrigger;
+use crate::supervisor::Supervisor;
+
+/// Which bus the daemon uses.
+#[derive(Debug, Clone)]
+pub enum BusMode {
+    /// Connect to the default address; serve an embedded bus there if nothing listens.
+    Auto,
+    /// Connect to this URL, retrying; never embed.
+    Connect(String),
+    /// Serve an embedded bus on this address and use it.
+    Embedded(SocketAddr),
+}
+
+/// Options of `toolboxd run`.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Directories of `*.toml` manifests.
+    pub manifests: Vec<PathBuf>,
+    /// The bus to use.
+    pub bus: BusMode,
+}
+
+/// Why the daemon could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot serve the embedded bus on {addr}: {source}; pick another address or stop what uses it")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Bus(#[from] client::BusError),
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Starts an embedded bus on `addr`; returns its URL.
+async fn embed(addr: SocketAddr, shutdown: crate::shutdown::Shutdown) -> Result<String, DaemonError> {
+    let listener = server::bind(addr)
+        .await
+        .map_err(|source| DaemonError::Bind { addr, source })?;
+    let local = listener.local_addr().unwrap_or(addr);
+    tokio::spawn(server::serve(listener, shutdown));
+    tracing::info!(addr = %local, "embedded bus listening");
+    Ok(format!("ws://{local}{}", server::ROUTE))
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
+    let (trigger, shutdown) = ShutdownTrigger::new();
+    let mut terminate = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+
+    let (url, first) = match options.bus {
+        BusMode::Embedded(addr) => (embed(addr, shutdown.clone()).await?, None),
+        BusMode::Connect(url) => (url, None),
+        BusMode::Auto => match client::connect(bus::DEFAULT_URL).await {
+            Ok(ws) => (bus::DEFAULT_URL.to_owned(), Some(ws)),
+            Err(e) if e.is_refused() => {
+                tracing::info!(
+                    "no messagebus at {}; serving an embedded bus there (for a machine where \
+                     toolboxd is the only bus user)",
+                    bus::DEFAULT_URL
+                );
+                let addr = SocketAddr::from(([127, 0, 0, 1], 8181));
+                (embed(addr, shutdown.clone()).await?, None)
+            }
+            Err(e) => return Err(e.into()),
+        },
+    };
+
+    let registry = Arc::new(Registry::default());
+    let (mut supervisor, errors) = Supervisor::start(options.manifests, registry.clone());
+    for e in &errors {
+        tracing::error!("{e}");
+    }
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let (reload_tx, mut reload_rx) = mpsc::channel(8);
+    let service = Service::new(registry.clone(), out_tx, reload_tx);
+    let (connected_tx, mut connected) = watch::channel(false);
+    let bus_task = tokio::spawn(client::run(
+        url.clone(),
+        first,
+        out_rx,
+        move |frame| service.dispatch(frame),
+        connected_tx,
+        shutdown.clone(),
+    ));
+
+    supervisor.wait_started().await;
+    let _ = connected.wait_for(|up| *up).await;
+    let catalog = registry.snapshot();
+    tracing::info!(
+        bus = %url,
+        toolboxes = catalog.toolboxes().count(),
+        tools = catalog.all_definitions().len(),
+        "ready"
+    );
+
+    loop {
+        tokio::select! {
+            _ = terminate.recv() => break,
+            _ = interrupt.recv() => break,
+            _ = hangup.recv() => {
+                tracing::info!("SIGHUP: reloading manifests");
+                supervisor.reload().await;
+            }
+            Some(reply) = reload_rx.recv() => {
+                let report = supervisor.reload().await;
+                let _ = reply.send(report);
+            }
+        }
+    }
+    tracing::info!("shutting down: draining calls and stopping toolboxes");
+    supervisor.shutdown().await;
+    trigger.trigger();
+    let _ = bus_task.await;
+    tracing::info!("stopped");
+    Ok(())
+}

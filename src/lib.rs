@@ -1,0 +1,33 @@
+//! toolboxd supervises agent toolboxes — child processes speaking MCP over
+//! stdio — and serves their tools on the OVOS messagebus (OVOS-TOOLS-1).
+//!
+//! Map of the modules, from the outside in:
+//!
+//! - [`daemon`]: `toolboxd run`, wiring the pieces below together; signals.
+//! - [`bus`]: the OVOS-MSG-1 [`bus::envelope`], a reconnecting
+//!   [`bus::client`], the embedded [`bus::server`], socket options.
+//! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
+//! - [`registry`]: the catalog of hosted toolboxes, tools and compiled schemas.
+//! - [`supervisor`]: the set of toolbox actors; manifest reload as a diff.
+//! - [`toolbox`]: one actor per toolbox; where a child is started, probed,
+//!   restarted and stopped, and where calls wait for a child.
+//! - [`session`]: the MCP conversation with one child (era, tools, calls).
+//! - [`child`]: one child process; stdio framing and request multiplexing.
+//! - [`mcp`]: JSON-RPC and MCP model types and result mapping (pure).
+//! - [`manifest`]: TOML manifests: parse, validate, resolve.
+//! - [`check`], [`caller`]: the `check`, `list` and `call` commands.
+//! - [`shutdown`]: the shutdown signal shared by long-running tasks.
+
+pub mod bus;
+pub mod caller;
+pub mod check;
+pub mod child;
+pub mod daemon;
+pub mod manifest;
+pub mod mcp;
+pub mod registry;
+pub mod service;
+pub mod session;
+pub mod shutdown;
+pub mod supervisor;
+pub mod toolbox;

@@ -1,0 +1,199 @@
+//! The `toolboxd` command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::Value;
+
+use toolboxd::bus::envelope::Object;
+use toolboxd::daemon::{self, BusMode, RunOptions};
+
+#[derive(Parser)]
+#[command(name = "toolboxd", version, about = "Supervises MCP-stdio toolboxes and serves them on the OVOS messagebus")]
+struct Cli {
+    /// Log format on stderr (filter with RUST_LOG).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Run {
+        /// A directory of *.toml manifests (repeatable).
+        #[arg(long = "manifests", default_value = "manifests")]
+        manifests: Vec<PathBuf>,
+        /// Connect to this bus (retrying); never embed one.
+        #[arg(long, conflicts_with = "embedded_bus")]
+        bus: Option<String>,
+        /// Serve an embedded bus on this address (port 0 picks a free port).
+        #[arg(long)]
+        embedded_bus: Option<SocketAddr>,
+    },
+    /// Validate manifests; --probe also starts each child and lists its tools.
+    Check {
+        /// A directory of *.toml manifests (repeatable).
+        #[arg(long = "manifests", default_value = "manifests")]
+        manifests: Vec<PathBuf>,
+        /// Start each child, do the handshake, list and compile its tools.
+        #[arg(long)]
+        probe: bool,
+    },
+    /// List every tool on the bus (ovos.tools.list).
+    List {
+        #[arg(long, default_value = toolboxd::bus::DEFAULT_URL)]
+        bus: String,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 10)]
+        timeout: u64,
+    },
+    /// Call a tool (ovos.tools.invoke, or ovos.persona.tools.call with --toolbox).
+    Call {
+        /// The tool's name.
+        tool: String,
+        /// The toolbox that owns it (needed when two toolboxes share the name).
+        #[arg(long)]
+        toolbox: Option<String>,
+        /// The arguments, a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        #[arg(long, default_value = toolboxd::bus::DEFAULT_URL)]
+        bus: String,
+        /// Seconds to wait for the answer.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+    },
+    /// Run only the embedded messagebus.
+    Bus {
+        #[arg(long, default_value = "127.0.0.1:8181")]
+        listen: SocketAddr,
+    },
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    // One thread: children get a parent-death signal tied to the thread that
+    // spawned them, and a single-threaded runtime is also the faster one for a
+    // relay like this (see docs/architecture.md).
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("toolboxd: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("toolboxd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Run {
+            manifests,
+            bus,
+            embedded_bus,
+        } => {
+            let bus = match (bus, embedded_bus) {
+                (Some(url), _) => BusMode::Connect(url),
+                (None, Some(addr)) => BusMode::Embedded(addr),
+                (None, None) => BusMode::Auto,
+            };
+            daemon::run(RunOptions { manifests, bus }).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { manifests, probe } => {
+            let ok = toolboxd::check::check(&manifests, probe, &mut std::io::stdout()).await;
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::List { bus, timeout } => {
+            let data = toolboxd::caller::request(&bus, "ovos.tools.list", Object::new(), Duration::from_secs(timeout)).await?;
+            print_answer(data)
+        }
+        Command::Call {
+            tool,
+            toolbox,
+            args,
+            bus,
+            timeout,
+        } => {
+            let args: Value = serde_json::from_str(&args)
+                .with_context(|| format!("--args is not JSON: {args}"))?;
+            anyhow::ensure!(args.is_object(), "--args must be a JSON object, e.g. '{{\"a\": 2}}'");
+            let mut data = Object::new();
+            data.insert("name".into(), Value::String(tool));
+            let topic = match toolbox {
+                Some(id) => {
+                    data.insert("toolbox_id".into(), Value::String(id));
+                    data.insert("kwargs".into(), args);
+                    "ovos.persona.tools.call"
+                }
+                None => {
+                    data.insert("args".into(), args);
+                    "ovos.tools.invoke"
+                }
+            };
+            let data = toolboxd::caller::request(&bus, topic, data, Duration::from_secs(timeout)).await?;
+            print_answer(data)
+        }
+        Command::Bus { listen } => {
+            let (trigger, shutdown) = toolboxd::shutdown::ShutdownTrigger::new();
+            let listener = toolboxd::bus::server::bind(listen)
+                .await
+                .with_context(|| format!("cannot listen on {listen}"))?;
+            tracing::info!(addr = %listener.local_addr().unwrap_or(listen), "messagebus listening");
+            let server = tokio::spawn(toolboxd::bus::server::serve(listener, shutdown));
+            wait_for_stop_signal().await?;
+            trigger.trigger();
+            let _ = server.await;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn wait_for_stop_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+/// Prints an answer's data as JSON; exit 1 when it is an error answer.
+fn print_answer(data: Object) -> anyhow::Result<ExitCode> {
+    let failed = data.contains_key("error");
+    println!("{}", serde_json::to_string_pretty(&Value::Object(data))?);
+    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+}

@@ -1,0 +1,526 @@
+//! TOML manifests: one file per toolbox, parsed, validated and resolved.
+//!
+//! A manifest names an executable and how to run and supervise it (DESIGN §3).
+//! Everything an operator can get wrong is caught here, before anything is
+//! spawned, with an error that names the file, the line and the fix.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// MCP protocol versions toolboxd can speak, newest first. The first is the
+/// modern (stateless) era; the rest are legacy (initialize handshake).
+pub const MODERN_VERSIONS: &[&str] = &["2026-07-28"];
+/// Legacy MCP protocol versions, newest first.
+pub const LEGACY_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+
+/// A validated manifest, with every path resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    /// The file it came from, for every message about it.
+    pub path: PathBuf,
+    /// The toolbox_id: unique on the bus, `[A-Za-z0-9_-]+`.
+    pub id: String,
+    /// The executable, resolved to a path that exists when the manifest was read.
+    pub program: PathBuf,
+    /// Arguments passed verbatim; no shell is involved.
+    pub args: Vec<String>,
+    /// Working directory of the child.
+    pub cwd: PathBuf,
+    /// Variables added to (or, with `env_clear`, forming) the child's environment.
+    pub env: BTreeMap<String, String>,
+    /// Start the child from an empty environment plus `env`.
+    pub env_clear: bool,
+    /// `false` keeps the toolbox stopped.
+    pub enabled: bool,
+    /// `None` probes the era; `Some(version)` pins an MCP protocol version.
+    pub protocol: Option<String>,
+    /// When and how fast a dead child is replaced.
+    pub restart: Restart,
+    /// Per-call and per-child bounds.
+    pub limits: Limits,
+}
+
+/// Restart policy knobs (DESIGN §3 `[restart]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Restart {
+    /// always | on-failure | never.
+    pub policy: RestartPolicy,
+    /// First delay before a restart.
+    pub backoff_initial_ms: u64,
+    /// Ceiling of the doubling delay.
+    pub backoff_max_ms: u64,
+    /// More restarts than this within `window_s` mark the toolbox `failed`.
+    pub max_restarts: u32,
+    /// The window of the restart budget.
+    pub window_s: u64,
+    /// A child up this long resets the backoff.
+    pub stable_after_s: u64,
+    /// A failed toolbox is tried again after this cool-down.
+    pub failed_retry_s: u64,
+}
+
+impl Default for Restart {
+    fn default() -> Self {
+        Restart {
+            policy: RestartPolicy::Always,
+            backoff_initial_ms: 100,
+            backoff_max_ms: 30_000,
+            max_restarts: 5,
+            window_s: 60,
+            stable_after_s: 10,
+            failed_retry_s: 300,
+        }
+    }
+}
+
+/// Which exits are followed by a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// Every exit.
+    Always,
+    /// Only a non-zero exit or a death by signal.
+    OnFailure,
+    /// None: the toolbox stays down.
+    Never,
+}
+
+/// Bounds on calls and child output (DESIGN §3 `[limits]`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Deadline of one call, in seconds.
+    pub call_timeout_s: u64,
+    /// Calls in flight per child; more wait in arrival order.
+    pub max_concurrent_calls: usize,
+    /// Interval of the liveness probe.
+    pub probe_interval_s: u64,
+    /// Deadline of one liveness probe.
+    pub probe_timeout_s: u64,
+    /// How long an old child may finish its calls on restart or stop.
+    pub drain_timeout_s: u64,
+    /// Longest stdout line accepted from the child.
+    pub max_message_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            call_timeout_s: 30,
+            max_concurrent_calls: 8,
+            probe_interval_s: 10,
+            probe_timeout_s: 5,
+            drain_timeout_s: 30,
+            max_message_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// The file as written, before validation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    id: String,
+    command: String,
+    #[serde(default)]
+    args: Vec<String>,
+    cwd: Option<PathBuf>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    env_clear: bool,
+    #[serde(default = "default_true")]
+    enabled: bool,
+    #[serde(default = "default_protocol")]
+    protocol: String,
+    #[serde(default)]
+    restart: Restart,
+    #[serde(default)]
+    limits: Limits,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_protocol() -> String {
+    "auto".to_owned()
+}
+
+/// A manifest that cannot be used, and why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub struct ManifestError {
+    /// The file (or directory) at fault.
+    pub path: PathBuf,
+    /// 1-based line of the fault, when one line is to blame.
+    pub line: Option<usize>,
+    /// What is wrong, and what to do about it.
+    pub message: String,
+}
+
+impl fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{}: {}", self.path.display(), line, self.message),
+            None => write!(f, "{}: {}", self.path.display(), self.message),
+        }
+    }
+}
+
+impl Manifest {
+    /// Reads and validates one manifest file.
+    pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ManifestError {
+            path: path.to_owned(),
+            line: None,
+            message: format!("cannot read the manifest: {e}"),
+        })?;
+        Manifest::parse(path, &text)
+    }
+
+    /// Validates manifest text that was read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
+        let err = |line: Option<usize>, message: String| ManifestError {
+            path: path.to_owned(),
+            line,
+            message,
+        };
+        let raw: RawManifest = toml::from_str(text).map_err(|e| {
+            let line = e.span().map(|span| line_of_offset(text, span.start));
+            let message = e.message().trim().to_owned();
+            let fix = if message.starts_with("unknown field") {
+                "; remove the key or fix its spelling (see docs/manifest.md)"
+            } else if message.starts_with("missing field") {
+                "; add it (see docs/manifest.md)"
+            } else {
+                ""
+            };
+            err(line, format!("{message}{fix}"))
+        })?;
+        let key_line = |key: &str| line_of_key(text, key);
+
+        if !valid_id(&raw.id) {
+            return Err(err(
+                key_line("id"),
+                format!(
+                    "id {:?} is not a valid toolbox_id; use only letters, digits, '_' and '-' \
+                     (never ':' or '.'), e.g. id = \"my_tools\"",
+                    raw.id
+                ),
+            ));
+        }
+        let dir = path
+            .parent()
+            .map(Path::to_owned)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let cwd = match &raw.cwd {
+            Some(cwd) => dir.join(cwd),
+            None => dir.clone(),
+        };
+        if !cwd.is_dir() {
+            return Err(err(
+                key_line("cwd"),
+                format!(
+                    "cwd {} is not a directory; fix the path (relative paths resolve against \
+                     the manifest's directory)",
+                    cwd.display()
+                ),
+            ));
+        }
+        let search_path = raw
+            .env
+            .get("PATH")
+            .cloned()
+            .or_else(|| (!raw.env_clear).then(|| std::env::var("PATH").unwrap_or_default()))
+            .unwrap_or_default();
+        let program = resolve_command(&raw.command, &dir, &search_path)
+            .map_err(|message| err(key_line("command"), message))?;
+
+        let protocol = match raw.protocol.as_str() {
+            "auto" => None,
+            v if MODERN_VERSIONS.contains(&v) || LEGACY_VERSIONS.contains(&v) => Some(v.to_owned()),
+            v => {
+                return Err(err(
+                    key_line("protocol"),
+                    format!(
+                        "protocol {v:?} is not an MCP version toolboxd speaks; use \"auto\" or one \
+                         of {}",
+                        MODERN_VERSIONS
+                            .iter()
+                            .chain(LEGACY_VERSIONS)
+                            .map(|v| format!("\"{v}\""))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ))
+            }
+        };
+        check_knobs(&raw.restart, &raw.limits).map_err(|(key, message)| err(key_line(key), message))?;
+
+        Ok(Manifest {
+            path: path.to_owned(),
+            id: raw.id,
+            program,
+            args: raw.args,
+            cwd,
+            env: raw.env,
+            env_clear: raw.env_clear,
+            enabled: raw.enabled,
+            protocol,
+            restart: raw.restart,
+            limits: raw.limits,
+        })
+    }
+}
+
+/// Whether `id` is a valid toolbox_id (OVOS-TOOLS-1 §3, DESIGN §3).
+pub fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, String)> {
+    let positive = [
+        ("call_timeout_s", limits.call_timeout_s as u128),
+        ("max_concurrent_calls", limits.max_concurrent_calls as u128),
+        ("probe_interval_s", limits.probe_interval_s as u128),
+        ("probe_timeout_s", limits.probe_timeout_s as u128),
+        ("backoff_initial_ms", restart.backoff_initial_ms as u128),
+        ("window_s", restart.window_s as u128),
+    ];
+    for (key, value) in positive {
+        if value == 0 {
+            return Err((key, format!("{key} must be at least 1")));
+        }
+    }
+    if restart.backoff_max_ms < restart.backoff_initial_ms {
+        return Err((
+            "backoff_max_ms",
+            format!(
+                "backoff_max_ms ({}) is below backoff_initial_ms ({}); raise it",
+                restart.backoff_max_ms, restart.backoff_initial_ms
+            ),
+        ));
+    }
+    if limits.max_message_bytes < 1024 {
+        return Err((
+            "max_message_bytes",
+            "max_message_bytes must be at least 1024".to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// Resolves `command` the way DESIGN §3 says: with a '/', relative to the
+/// manifest's directory; without, looked up in `search_path`.
+fn resolve_command(command: &str, dir: &Path, search_path: &str) -> Result<PathBuf, String> {
+    if command.is_empty() {
+        return Err("command is empty; name an executable, e.g. command = \"python3\"".to_owned());
+    }
+    if command.contains('/') {
+        let candidate = dir.join(command);
+        return if is_executable(&candidate) {
+            Ok(candidate)
+        } else if candidate.exists() {
+            Err(format!(
+                "command {} is not executable; run chmod +x on it, or name an interpreter in \
+                 command and the script in args",
+                candidate.display()
+            ))
+        } else {
+            Err(format!(
+                "command {} does not exist; fix the path (it is relative to the manifest's \
+                 directory)",
+                candidate.display()
+            ))
+        };
+    }
+    std::env::split_paths(search_path)
+        .map(|p| p.join(command))
+        .find(|p| is_executable(p))
+        .ok_or_else(|| {
+            format!(
+                "command {command:?} was not found in PATH; install it, or give a path containing \
+                 '/' (relative to the manifest's directory)"
+            )
+        })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+fn line_of_offset(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// The line where `key = ...` is first written, for pointing at a bad value.
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    text.lines().position(|line| {
+        let line = line.trim_start();
+        line.strip_prefix(key)
+            .is_some_and(|rest| rest.trim_start().starts_with('='))
+    })
+    .map(|i| i + 1)
+}
+
+/// Every manifest found in some directories: the good ones, and an error for
+/// each file that could not be used (so the good ones still run).
+#[derive(Debug, Default)]
+pub struct ManifestSet {
+    /// Valid manifests with unique ids, in the order of their paths.
+    pub manifests: Vec<Manifest>,
+    /// One error per unusable file or directory.
+    pub errors: Vec<ManifestError>,
+}
+
+/// Reads every `*.toml` file in `dirs`, in path order; a later file whose id is
+/// already taken is an error naming both files.
+pub fn load_dirs(dirs: &[PathBuf]) -> ManifestSet {
+    let mut set = ManifestSet::default();
+    let mut seen: HashMap<String, PathBuf> = HashMap::new();
+    for dir in dirs {
+        let entries = match std::fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) => {
+                set.errors.push(ManifestError {
+                    path: dir.clone(),
+                    line: None,
+                    message: format!(
+                        "cannot read the manifests directory: {e}; create it or pass \
+                         --manifests DIR"
+                    ),
+                });
+                continue;
+            }
+        };
+        let mut paths: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|ext| ext == "toml") && p.is_file())
+            .collect();
+        paths.sort();
+        for path in paths {
+            match Manifest::load(&path) {
+                Ok(m) => {
+                    if let Some(first) = seen.get(&m.id) {
+                        set.errors.push(ManifestError {
+                            line: std::fs::read_to_string(&path)
+                                .ok()
+                                .and_then(|t| line_of_key(&t, "id")),
+                            path,
+                            message: format!(
+                                "id {:?} is already used by {}; toolbox ids must be unique, \
+                                 rename one",
+                                m.id,
+                                first.display()
+                            ),
+                        });
+                    } else {
+                        seen.insert(m.id.clone(), m.path.clone());
+                        set.manifests.push(m);
+                    }
+                }
+                Err(e) => set.errors.push(e),
+            }
+        }
+    }
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        Manifest::parse(Path::new("/tmp/m.toml"), text)
+    }
+
+    #[test]
+    fn defaults_fill_everything_optional() {
+        let m = parse("id = \"math\"\ncommand = \"sh\"\n").unwrap();
+        assert_eq!(m.id, "math");
+        assert!(m.enabled && !m.env_clear && m.protocol.is_none());
+        assert_eq!(m.restart, Restart::default());
+        assert_eq!(m.limits, Limits::default());
+        assert_eq!(m.cwd, Path::new("/tmp"));
+        assert!(m.program.ends_with("sh"));
+    }
+
+    #[test]
+    fn unknown_key_names_key_and_line() {
+        let e = parse("id = \"a\"\ncommand = \"sh\"\ncomand = \"x\"\n").unwrap_err();
+        assert_eq!(e.line, Some(3));
+        assert!(e.message.contains("comand"), "{e}");
+        let e = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\ncall_timeout = 3\n").unwrap_err();
+        assert_eq!(e.line, Some(4));
+        assert!(e.to_string().starts_with("/tmp/m.toml:4: unknown field"), "{e}");
+    }
+
+    #[test]
+    fn bad_ids_are_rejected_with_the_rule() {
+        for id in ["a.b", "a:b", "", "a b", "ü"] {
+            let e = parse(&format!("command = \"sh\"\nid = {id:?}\n")).unwrap_err();
+            assert_eq!(e.line, Some(2), "{id}");
+            assert!(e.message.contains("never ':' or '.'"), "{e}");
+        }
+    }
+
+    #[test]
+    fn missing_executable_is_named() {
+        let e = parse("id = \"a\"\ncommand = \"no-such-binary-xyz\"\n").unwrap_err();
+        assert_eq!(e.line, Some(2));
+        assert!(e.message.contains("not found in PATH"), "{e}");
+        let e = parse("id = \"a\"\ncommand = \"./nope.sh\"\n").unwrap_err();
+        assert!(e.message.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn protocol_pin_is_checked() {
+        assert_eq!(
+            parse("id = \"a\"\ncommand = \"sh\"\nprotocol = \"2025-06-18\"\n")
+                .unwrap()
+                .protocol
+                .as_deref(),
+            Some("2025-06-18")
+        );
+        assert!(parse("id = \"a\"\ncommand = \"sh\"\nprotocol = \"1999\"\n").is_err());
+    }
+
+    #[test]
+    fn knobs_are_checked() {
+        let e = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\nmax_concurrent_calls = 0\n")
+            .unwrap_err();
+        assert_eq!(e.line, Some(4));
+        let e = parse("id = \"a\"\ncommand = \"sh\"\n[restart]\npolicy = \"sometimes\"\n")
+            .unwrap_err();
+        assert!(e.message.contains("sometimes"), "{e}");
+    }
+
+    #[test]
+    fn duplicate_ids_across_files_name_both() {
+        let dir = std::env::temp_dir().join(format!("toolboxd-dup-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.toml"), "id = \"x\"\ncommand = \"sh\"\n").unwrap();
+        std::fs::write(dir.join("b.toml"), "id = \"x\"\ncommand = \"sh\"\n").unwrap();
+        let set = load_dirs(&[dir.clone()]);
+        assert_eq!(set.manifests.len(), 1);
+        assert_eq!(set.errors.len(), 1);
+        let msg = set.errors[0].to_string();
+        assert!(msg.contains("b.toml:1") && msg.contains("a.toml"), "{msg}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,389 @@
+//! The protocol model: JSON-RPC 2.0 framing and the MCP types toolboxd uses.
+//!
+//! Pure data and pure functions: nothing here touches a process or a socket.
+//! The transport is [`crate::child`]; the conversation is [`crate::session`].
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+/// JSON-RPC "method not found".
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// MCP (modern era) "unsupported protocol version".
+pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32004;
+
+/// What toolboxd tells a server about itself.
+pub const CLIENT_NAME: &str = "toolboxd";
+
+/// A JSON-RPC error object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RpcError {
+    /// The JSON-RPC error code.
+    pub code: i64,
+    /// The human-readable message.
+    pub message: String,
+    /// Extra detail the server attached, if any.
+    pub data: Option<Value>,
+}
+
+/// One line received from a child, classified.
+#[derive(Debug, PartialEq)]
+pub enum Incoming {
+    /// An answer to one of our requests. `id` is `None` when the id is not one
+    /// toolboxd could have sent (not an unsigned integer).
+    Response {
+        id: Option<u64>,
+        result: Result<Value, RpcError>,
+    },
+    /// A request from the child to us.
+    Request {
+        id: Value,
+        method: String,
+        params: Value,
+    },
+    /// A notification from the child.
+    Notification { method: String, params: Value },
+}
+
+/// Why a line from a child is not JSON-RPC.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum FrameError {
+    #[error("not JSON: {0}")]
+    NotJson(String),
+    #[error("not a JSON-RPC message (an object with a method, or an id with a result or error)")]
+    NotJsonRpc,
+}
+
+/// Parses one line of a child's stdout.
+pub fn parse_line(line: &[u8]) -> Result<Incoming, FrameError> {
+    let value: Value =
+        serde_json::from_slice(line).map_err(|e| FrameError::NotJson(e.to_string()))?;
+    let Value::Object(mut obj) = value else {
+        return Err(FrameError::NotJsonRpc);
+    };
+    let params = obj.remove("params").unwrap_or(Value::Null);
+    match (obj.remove("method"), obj.remove("id")) {
+        (Some(Value::String(method)), Some(id)) if !id.is_null() => {
+            Ok(Incoming::Request { id, method, params })
+        }
+        (Some(Value::String(method)), _) => Ok(Incoming::Notification { method, params }),
+        (None, Some(id)) => {
+            let result = if let Some(error) = obj.remove("error") {
+                Err(rpc_error_from(error))
+            } else if let Some(result) = obj.remove("result") {
+                Ok(result)
+            } else {
+                return Err(FrameError::NotJsonRpc);
+            };
+            Ok(Incoming::Response {
+                id: id.as_u64(),
+                result,
+            })
+        }
+        _ => Err(FrameError::NotJsonRpc),
+    }
+}
+
+fn rpc_error_from(error: Value) -> RpcError {
+    RpcError {
+        code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
+        message: error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+        data: error.get("data").cloned(),
+    }
+}
+
+fn line(value: &impl Serialize) -> Vec<u8> {
+    // invariant: JSON values and plain structs of them always serialize.
+    let mut out = serde_json::to_vec(value).unwrap_or_default();
+    out.push(b'\n');
+    out
+}
+
+/// One request line, newline-terminated.
+pub fn request_line(id: u64, method: &str, params: &Value) -> Vec<u8> {
+    line(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+}
+
+/// One notification line, newline-terminated.
+pub fn notification_line(method: &str, params: &Value) -> Vec<u8> {
+    if params.is_null() {
+        line(&json!({"jsonrpc": "2.0", "method": method}))
+    } else {
+        line(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
+    }
+}
+
+/// One response line answering a request from the child.
+pub fn response_line(id: &Value, result: Result<Value, (i64, &str)>) -> Vec<u8> {
+    match result {
+        Ok(result) => line(&json!({"jsonrpc": "2.0", "id": id, "result": result})),
+        Err((code, message)) => line(&json!({"jsonrpc": "2.0", "id": id,
+                                            "error": {"code": code, "message": message}})),
+    }
+}
+
+/// The MCP era a child speaks (DESIGN §4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Era {
+    /// Stateless: every request carries `_meta` with this protocol version.
+    Modern(String),
+    /// Session after `initialize` negotiated this protocol version.
+    Legacy(String),
+}
+
+impl Era {
+    /// The negotiated protocol version.
+    pub fn version(&self) -> &str {
+        match self {
+            Era::Modern(v) | Era::Legacy(v) => v,
+        }
+    }
+}
+
+/// The `_meta` a modern request carries.
+pub fn modern_meta(version: &str) -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": version,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": client_info(),
+    })
+}
+
+/// Who toolboxd is, as MCP `Implementation`.
+pub fn client_info() -> Value {
+    json!({"name": CLIENT_NAME, "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// A tool as a child lists it (MCP `Tool`), before its schemas are compiled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// Unique within the toolbox.
+    pub name: String,
+    /// For the model; empty when the child gave none.
+    pub description: String,
+    /// JSON Schema of the arguments.
+    pub input_schema: Value,
+    /// JSON Schema of `structuredContent`, when the tool declares one.
+    pub output_schema: Option<Value>,
+}
+
+/// Reads the `tools` array of a `tools/list` result and its `nextCursor`.
+/// Entries that are not tools are returned as errors so they can be logged.
+pub fn parse_tools_page(result: &Value) -> (Vec<Result<ToolSpec, String>>, Option<String>) {
+    let cursor = result
+        .get("nextCursor")
+        .and_then(Value::as_str)
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned);
+    let Some(tools) = result.get("tools").and_then(Value::as_array) else {
+        return (
+            vec![Err("tools/list result has no \"tools\" array".to_owned())],
+            None,
+        );
+    };
+    let specs = tools
+        .iter()
+        .map(|t| {
+            let name = t
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| format!("a listed tool has no name: {t}"))?;
+            let input_schema = t
+                .get("inputSchema")
+                .filter(|s| s.is_object() || s.is_boolean())
+                .cloned()
+                .ok_or_else(|| format!("tool {name:?} has no inputSchema object"))?;
+            Ok(ToolSpec {
+                name: name.to_owned(),
+                description: t
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                input_schema,
+                output_schema: t
+                    .get("outputSchema")
+                    .filter(|s| s.is_object() || s.is_boolean())
+                    .cloned(),
+            })
+        })
+        .collect();
+    (specs, cursor)
+}
+
+/// The output schema of a tool that declares none: the shape of the OVOS MCP
+/// adapter's `AdapterToolOutput` (ovos-tool-adapters).
+pub fn generic_output_schema() -> Value {
+    json!({
+        "title": "AdapterToolOutput",
+        "type": "object",
+        "properties": {
+            "content": {"type": "string", "default": "", "title": "Content",
+                        "description": "Concatenated text content from the server response."},
+            "is_error": {"type": "boolean", "default": false, "title": "Is Error",
+                         "description": "True if the server reported an error."},
+            "raw": {"type": "array", "title": "Raw",
+                    "items": {"type": "object", "additionalProperties": true},
+                    "description": "Original content blocks from the server response."}
+        }
+    })
+}
+
+/// Maps a `tools/call` result to the bus result (DESIGN §4), or to the
+/// `Class: message` error text.
+pub fn map_call_result(result: Value, has_output_schema: bool) -> Result<Value, String> {
+    let Value::Object(mut result) = result else {
+        return Err("ToolError: tools/call result is not an object".to_owned());
+    };
+    if result.get("resultType").and_then(Value::as_str) == Some("input_required") {
+        return Err(
+            "ToolError: the tool asked for more input (input_required), which a bus call cannot \
+             provide"
+                .to_owned(),
+        );
+    }
+    let content = match result.remove("content") {
+        Some(Value::Array(blocks)) => blocks,
+        _ => Vec::new(),
+    };
+    let text = joined_text(&content);
+    if result.get("isError").and_then(Value::as_bool) == Some(true) {
+        return Err(error_text(if text.is_empty() {
+            "the tool reported an error without a message"
+        } else {
+            &text
+        }));
+    }
+    if has_output_schema {
+        return match result.remove("structuredContent") {
+            Some(structured) => Ok(structured),
+            // Servers SHOULD also serialize structured output as text.
+            None => serde_json::from_str(&text).map_err(|_| {
+                "ToolError: the tool declares an outputSchema but returned no structuredContent"
+                    .to_owned()
+            }),
+        };
+    }
+    let mut out = Map::new();
+    out.insert("content".to_owned(), Value::String(text));
+    out.insert("is_error".to_owned(), Value::Bool(false));
+    out.insert("raw".to_owned(), Value::Array(content));
+    Ok(Value::Object(out))
+}
+
+fn joined_text(blocks: &[Value]) -> String {
+    blocks
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// An error message in OVOS-TOOLS-1 form: the class the child reported, if its
+/// text starts with one (`ValueError: ...`), else `ToolError: ...`.
+pub fn error_text(message: &str) -> String {
+    if has_class_prefix(message) {
+        message.to_owned()
+    } else {
+        format!("ToolError: {message}")
+    }
+}
+
+/// Whether `text` starts with `Identifier: ` where the identifier looks like an
+/// exception class (dotted path allowed, last part capitalised).
+fn has_class_prefix(text: &str) -> bool {
+    let Some((class, _)) = text.split_once(": ") else {
+        return false;
+    };
+    let last = class.rsplit('.').next().unwrap_or(class);
+    !class.is_empty()
+        && last.starts_with(|c: char| c.is_ascii_uppercase())
+        && class
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+}
+
+/// The error text for a JSON-RPC error answering `tools/call`.
+pub fn rpc_error_text(error: &RpcError) -> String {
+    error_text(&error.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_lines() {
+        assert_eq!(
+            parse_line(br#"{"jsonrpc":"2.0","id":7,"result":{"x":1}}"#),
+            Ok(Incoming::Response {
+                id: Some(7),
+                result: Ok(json!({"x": 1}))
+            })
+        );
+        let Ok(Incoming::Response { id: Some(2), result: Err(e) }) =
+            parse_line(br#"{"jsonrpc":"2.0","id":2,"error":{"code":-32601,"message":"nope"}}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(e.code, METHOD_NOT_FOUND);
+        assert!(matches!(
+            parse_line(br#"{"jsonrpc":"2.0","id":"a","method":"roots/list"}"#),
+            Ok(Incoming::Request { .. })
+        ));
+        assert!(matches!(
+            parse_line(br#"{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}"#),
+            Ok(Incoming::Notification { .. })
+        ));
+        assert!(matches!(parse_line(b"hello"), Err(FrameError::NotJson(_))));
+        assert_eq!(parse_line(b"[1]"), Err(FrameError::NotJsonRpc));
+        assert_eq!(parse_line(br#"{"id":1}"#), Err(FrameError::NotJsonRpc));
+    }
+
+    #[test]
+    fn error_class_is_kept_or_defaulted() {
+        assert_eq!(error_text("ValueError: bad"), "ValueError: bad");
+        assert_eq!(error_text("mod.sub.KeyError: k"), "mod.sub.KeyError: k");
+        assert_eq!(
+            error_text("Error executing tool add: boom"),
+            "ToolError: Error executing tool add: boom"
+        );
+        assert_eq!(error_text("boom"), "ToolError: boom");
+        assert_eq!(error_text("lower: x"), "ToolError: lower: x");
+    }
+
+    #[test]
+    fn maps_structured_generic_and_error_results() {
+        let r = json!({"content": [{"type": "text", "text": "{\"sum\": 5}"}],
+                       "structuredContent": {"sum": 5}});
+        assert_eq!(map_call_result(r, true), Ok(json!({"sum": 5})));
+        let r = json!({"content": [{"type": "text", "text": "{\"sum\": 5}"}]});
+        assert_eq!(map_call_result(r, true), Ok(json!({"sum": 5})));
+        let r = json!({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]});
+        let out = map_call_result(r, false).unwrap();
+        assert_eq!(out["content"], "a\nb");
+        assert_eq!(out["is_error"], false);
+        assert_eq!(out["raw"].as_array().unwrap().len(), 2);
+        let r = json!({"content": [{"type": "text", "text": "ValueError: no"}], "isError": true});
+        assert_eq!(map_call_result(r, true), Err("ValueError: no".to_owned()));
+        let r = json!({"resultType": "input_required", "inputRequests": {}});
+        assert!(map_call_result(r, false).unwrap_err().starts_with("ToolError:"));
+    }
+
+    #[test]
+    fn tools_page_reads_cursor_and_reports_bad_entries() {
+        let page = json!({"tools": [
+            {"name": "a", "inputSchema": {"type": "object"}, "outputSchema": {"type": "object"}},
+            {"description": "nameless", "inputSchema": {}},
+        ], "nextCursor": "c2"});
+        let (tools, cursor) = parse_tools_page(&page);
+        assert_eq!(cursor.as_deref(), Some("c2"));
+        assert_eq!(tools[0].as_ref().unwrap().name, "a");
+        assert!(tools[1].is_err());
+    }
+}

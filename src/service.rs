@@ -1,0 +1,361 @@
+//! The bus topics of OVOS-TOOLS-1 (DESIGN §5): persona topics, the flat tool
+//! service topics and the predecessor per-toolbox topic.
+//!
+//! [`Service::dispatch`] runs on the bus read loop and never waits: it decodes a
+//! frame's topic and spawns a task for each request it answers, so a slow tool
+//! never delays a fast one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::bus::envelope::{Message, Object};
+use crate::manifest::valid_id;
+use crate::object;
+use crate::registry::{Catalog, Registry, Resolved, Tool};
+use crate::supervisor::ReloadReport;
+use crate::toolbox::State;
+
+/// How long discovery waits for toolboxes to refresh before answering with the
+/// last known lists.
+const DISCOVER_REFRESH: Duration = Duration::from_secs(1);
+
+pub const DISCOVER: &str = "ovos.persona.tools.discover";
+pub const PERSONA_CALL: &str = "ovos.persona.tools.call";
+pub const LIST: &str = "ovos.tools.list";
+pub const GET: &str = "ovos.tools.get";
+pub const INVOKE: &str = "ovos.tools.invoke";
+pub const RELOAD: &str = "ovos.tools.reload";
+
+/// A request to rescan the manifests, answered with what happened.
+pub type ReloadRequest = oneshot::Sender<ReloadReport>;
+
+/// Answers the topics, for the toolboxes in the registry.
+pub struct Service {
+    /// The catalog of hosted toolboxes.
+    registry: Arc<Registry>,
+    /// Encoded frames to send on the bus.
+    out: mpsc::UnboundedSender<String>,
+    /// The supervisor, for `ovos.tools.reload`.
+    reload: mpsc::Sender<ReloadRequest>,
+}
+
+/// The one field read before deciding whether a frame is ours.
+#[derive(Deserialize)]
+struct Head<'a> {
+    #[serde(rename = "type", borrow)]
+    msg_type: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// Which handler a topic goes to.
+enum Topic {
+    Discover,
+    PersonaCall,
+    Predecessor(String),
+    List,
+    Get,
+    Invoke,
+    Reload,
+}
+
+fn route(topic: &str) -> Option<Topic> {
+    Some(match topic {
+        DISCOVER => Topic::Discover,
+        PERSONA_CALL => Topic::PersonaCall,
+        LIST => Topic::List,
+        GET => Topic::Get,
+        INVOKE => Topic::Invoke,
+        RELOAD => Topic::Reload,
+        other => {
+            let id = other
+                .strip_prefix("ovos.persona.tools.")?
+                .strip_suffix(".call")?;
+            if !valid_id(id) {
+                return None;
+            }
+            Topic::Predecessor(id.to_owned())
+        }
+    })
+}
+
+impl Service {
+    /// A service answering for `registry`, sending on `out`.
+    pub fn new(
+        registry: Arc<Registry>,
+        out: mpsc::UnboundedSender<String>,
+        reload: mpsc::Sender<ReloadRequest>,
+    ) -> Arc<Service> {
+        Arc::new(Service {
+            registry,
+            out,
+            reload,
+        })
+    }
+
+    /// Handles one incoming frame without waiting: malformed frames are logged
+    /// and dropped; requests on our topics get a task each.
+    pub fn dispatch(self: &Arc<Self>, frame: &str) {
+        let topic = match serde_json::from_str::<Head>(frame) {
+            Ok(Head {
+                msg_type: Some(topic),
+            }) => topic,
+            Ok(Head { msg_type: None }) | Err(_) => {
+                // Decode fully only to say exactly what is wrong.
+                if let Err(e) = Message::decode(frame) {
+                    tracing::warn!("dropped a malformed bus frame: {e}");
+                }
+                return;
+            }
+        };
+        let Some(topic) = route(&topic) else { return };
+        let request = match Message::decode(frame) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::warn!("dropped a malformed bus frame: {e}");
+                return;
+            }
+        };
+        let service = self.clone();
+        tokio::spawn(async move { service.handle(topic, request).await });
+    }
+
+    fn send(&self, message: Message) {
+        let _ = self.out.send(message.encode());
+    }
+
+    fn respond(&self, request: &Message, data: Object) {
+        self.send(request.response(data));
+    }
+
+    async fn handle(&self, topic: Topic, request: Message) {
+        match topic {
+            Topic::Discover => self.discover(&request).await,
+            Topic::PersonaCall => {
+                if let Some(id) = request.data.get("toolbox_id").and_then(Value::as_str) {
+                    let id = id.to_owned();
+                    self.persona_call(&request, &id).await;
+                }
+            }
+            Topic::Predecessor(id) => self.persona_call(&request, &id).await,
+            Topic::List => {
+                let tools = self.registry.snapshot().all_definitions();
+                self.respond(&request, object! {"tools" => tools});
+            }
+            Topic::Get => self.get(&request),
+            Topic::Invoke => self.invoke(&request).await,
+            Topic::Reload => self.reload(&request).await,
+        }
+    }
+
+    /// One response per listed toolbox, each refreshed first (within a second).
+    async fn discover(&self, request: &Message) {
+        let before = self.registry.snapshot();
+        let refreshes: Vec<_> = before
+            .listed()
+            .map(|(_, entry)| {
+                let handle = entry.handle.clone();
+                async move { handle.refresh().await }
+            })
+            .collect();
+        let _ = tokio::time::timeout(
+            DISCOVER_REFRESH,
+            futures_util::future::join_all(refreshes),
+        )
+        .await;
+        let catalog = self.registry.snapshot();
+        for (id, entry) in catalog.listed() {
+            let tools: Vec<Value> = entry.tools.iter().map(|t| t.definition.clone()).collect();
+            self.respond(request, object! {"toolbox_id" => id.as_str(), "tools" => tools});
+        }
+    }
+
+    /// `ovos.persona.tools.call` and its predecessor: silent unless we host `id`.
+    async fn persona_call(&self, request: &Message, id: &str) {
+        let catalog = self.registry.snapshot();
+        let Some(entry) = catalog.toolbox(id) else {
+            return;
+        };
+        if entry.state == State::Stopped {
+            return;
+        }
+        let answer = match request.data.get("name").and_then(Value::as_str) {
+            None | Some("") => Err("Missing required field: 'name'".to_owned()),
+            Some(name) => {
+                let args = arguments(request, "kwargs");
+                self.call_in(catalog.clone(), id, name, args).await
+            }
+        };
+        self.respond(request, answer_data("toolbox_id", id, answer));
+    }
+
+    /// Resolves `name` in toolbox `id`, validates, and calls. A toolbox still
+    /// starting for the first time has no tool list yet: wait for it.
+    async fn call_in(
+        &self,
+        mut catalog: Arc<Catalog>,
+        id: &str,
+        name: &str,
+        args: Value,
+    ) -> Result<Value, String> {
+        for attempt in 0..2 {
+            let Some(entry) = catalog.toolbox(id) else {
+                return Err(format!("RuntimeError: toolbox '{id}' is no longer hosted"));
+            };
+            if let State::Failed { reason } = &entry.state {
+                return Err(format!("RuntimeError: toolbox '{id}' is failed: {reason}"));
+            }
+            match entry.tools.get(name) {
+                Some(tool) => return self.run(entry.handle.clone(), tool.clone(), args).await,
+                None if attempt == 0 && entry.state == State::Starting && entry.tools.is_empty() => {
+                    if !entry.handle.wait_started().await {
+                        return Err(format!("RuntimeError: toolbox '{id}' did not start in time"));
+                    }
+                    catalog = self.registry.snapshot();
+                }
+                None => break,
+            }
+        }
+        Err(format!("ValueError: Unknown tool '{name}' for ToolBox '{id}'."))
+    }
+
+    /// Validates the arguments (before the child sees anything), then calls.
+    async fn run(
+        &self,
+        handle: crate::toolbox::ToolboxHandle,
+        tool: Arc<Tool>,
+        args: Value,
+    ) -> Result<Value, String> {
+        tool.check_arguments(&args).map_err(|why| {
+            format!(
+                "ValueError: Tool input validation failed for '{}' in ToolBox '{}': {why}",
+                tool.name,
+                handle.id()
+            )
+        })?;
+        handle.call(&tool, args).await
+    }
+
+    fn get(&self, request: &Message) {
+        let data = match request.data.get("name").and_then(Value::as_str) {
+            None | Some("") => object! {"error" => "Missing required field: 'name'"},
+            Some(name) => match self.registry.snapshot().resolve(name) {
+                Resolved::One(_, tool) => match &tool.definition {
+                    Value::Object(def) => def.clone(),
+                    _ => Object::new(),
+                },
+                Resolved::Unknown => object! {"error" => format!("Unknown tool: '{name}'")},
+                Resolved::Ambiguous(ids) => object! {"error" => ambiguous(name, ids)},
+            },
+        };
+        self.respond(request, data);
+    }
+
+    async fn invoke(&self, request: &Message) {
+        let Some(name) = request
+            .data
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+        else {
+            self.respond(
+                request,
+                object! {"name" => "", "error" => "Missing required field: 'name'"},
+            );
+            return;
+        };
+        let catalog = self.registry.snapshot();
+        let answer = match catalog.resolve(name) {
+            Resolved::One(entry, tool) => {
+                let args = arguments(request, "args");
+                self.run(entry.handle.clone(), tool.clone(), args).await
+            }
+            Resolved::Unknown => Err(format!("Unknown tool: '{name}'")),
+            Resolved::Ambiguous(ids) => Err(ambiguous(name, ids)),
+        };
+        self.respond(request, answer_data("name", name, answer));
+    }
+
+    async fn reload(&self, request: &Message) {
+        let (tx, rx) = oneshot::channel();
+        let report = match self.reload.send(tx).await {
+            Ok(()) => rx.await.ok(),
+            Err(_) => None,
+        };
+        let Some(report) = report else {
+            tracing::warn!("reload requested while shutting down; ignored");
+            return;
+        };
+        let catalog = self.registry.snapshot();
+        let tools = catalog.all_definitions();
+        let mut data = object! {
+            "tools" => tools.clone(),
+            "loaded" => report.loaded.clone(),
+            "total_tools" => tools.len(),
+        };
+        if !report.errors.is_empty() {
+            let errors: Vec<Value> = report
+                .errors
+                .iter()
+                .map(|(manifest, error)| serde_json::json!({"manifest": manifest, "error": error}))
+                .collect();
+            data.insert("errors".to_owned(), Value::Array(errors));
+        }
+        self.respond(request, data);
+    }
+}
+
+/// The call arguments under `key`; absent or null means `{}`.
+fn arguments(request: &Message, key: &str) -> Value {
+    match request.data.get(key) {
+        None | Some(Value::Null) => Value::Object(Object::new()),
+        Some(v) => v.clone(),
+    }
+}
+
+/// `{key: value, result}` or `{key: value, error}`.
+fn answer_data(key: &str, value: &str, answer: Result<Value, String>) -> Object {
+    let mut data = Object::new();
+    data.insert(key.to_owned(), Value::String(value.to_owned()));
+    match answer {
+        Ok(result) => data.insert("result".to_owned(), result),
+        Err(error) => data.insert("error".to_owned(), Value::String(error)),
+    };
+    data
+}
+
+fn ambiguous(name: &str, ids: &[String]) -> String {
+    let owners = ids
+        .iter()
+        .map(|id| format!("'{id}'"))
+        .collect::<Vec<_>>()
+        .join(" and ");
+    format!(
+        "Ambiguous tool: '{name}' is owned by toolboxes {owners}; call it with \
+         ovos.persona.tools.call and data.toolbox_id to choose one"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_topics() {
+        assert!(matches!(route(DISCOVER), Some(Topic::Discover)));
+        assert!(matches!(route(INVOKE), Some(Topic::Invoke)));
+        assert!(matches!(route("ovos.persona.tools.math.call"), Some(Topic::Predecessor(id)) if id == "math"));
+        assert!(route("ovos.persona.tools.call.response").is_none());
+        assert!(route("ovos.persona.tools.a.b.call").is_none());
+        assert!(route("ovos.tools.invoke.response").is_none());
+        assert!(route("ovos.persona.tools.math.call.response").is_none());
+    }
+
+    #[test]
+    fn ambiguity_names_every_owner_and_the_way_out() {
+        let e = ambiguous("echo", &["math".into(), "shell".into()]);
+        assert!(e.contains("'math' and 'shell'") && e.contains("ovos.persona.tools.call"));
+    }
+}

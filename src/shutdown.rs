@@ -1,0 +1,42 @@
+//! Shutdown, as one small type: a trigger that flips once, and receivers that
+//! any task can clone and await.
+
+use tokio::sync::watch;
+
+/// Flips every [`Shutdown`] made from it.
+pub struct ShutdownTrigger {
+    /// `true` once shutdown has begun.
+    tx: watch::Sender<bool>,
+}
+
+/// Awaits the start of shutdown; clone one per task.
+#[derive(Clone)]
+pub struct Shutdown {
+    /// Becomes `true` once; a dropped trigger also counts as shutdown.
+    rx: watch::Receiver<bool>,
+}
+
+impl ShutdownTrigger {
+    /// A trigger and its first receiver.
+    pub fn new() -> (ShutdownTrigger, Shutdown) {
+        let (tx, rx) = watch::channel(false);
+        (ShutdownTrigger { tx }, Shutdown { rx })
+    }
+
+    /// Begins shutdown.
+    pub fn trigger(&self) {
+        let _ = self.tx.send(true);
+    }
+}
+
+impl Shutdown {
+    /// Whether shutdown has begun.
+    pub fn is_shutdown(&self) -> bool {
+        *self.rx.borrow()
+    }
+
+    /// Returns once shutdown has begun. Cancel-safe.
+    pub async fn recv(&mut self) {
+        let _ = self.rx.wait_for(|down| *down).await;
+    }
+}

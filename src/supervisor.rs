@@ -1,0 +1,143 @@
+//! The owner of the set of toolbox actors: starts one per manifest, applies a
+//! manifest reload as a diff, and stops them all on shutdown.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+
+use crate::manifest::{self, Manifest};
+use crate::registry::Registry;
+use crate::toolbox::{self, ToolboxHandle};
+
+/// What a reload did, for the reply to whoever asked.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadReport {
+    /// Toolbox ids hosted (not stopped) after the reload.
+    pub loaded: Vec<String>,
+    /// (manifest path, error) for each manifest that could not be (re)loaded.
+    pub errors: Vec<(String, String)>,
+}
+
+/// One toolbox this daemon hosts.
+struct Hosted {
+    /// The configuration its actor runs, to diff on reload.
+    manifest: Manifest,
+    /// Its actor.
+    handle: ToolboxHandle,
+}
+
+/// Starts, reloads and stops toolbox actors.
+pub struct Supervisor {
+    /// Where manifests are read from.
+    dirs: Vec<PathBuf>,
+    /// The catalog every actor publishes into.
+    registry: Arc<Registry>,
+    /// Hosted toolboxes by id.
+    hosted: BTreeMap<String, Hosted>,
+}
+
+impl Supervisor {
+    /// Reads the manifests and starts an actor for each valid one. The errors
+    /// are the manifests that could not be used.
+    pub fn start(dirs: Vec<PathBuf>, registry: Arc<Registry>) -> (Supervisor, Vec<manifest::ManifestError>) {
+        let set = manifest::load_dirs(&dirs);
+        let mut supervisor = Supervisor {
+            dirs,
+            registry,
+            hosted: BTreeMap::new(),
+        };
+        for m in set.manifests {
+            supervisor.host(m);
+        }
+        (supervisor, set.errors)
+    }
+
+    fn host(&mut self, manifest: Manifest) {
+        let handle = toolbox::spawn(manifest.clone(), self.registry.clone());
+        self.hosted
+            .insert(manifest.id.clone(), Hosted { manifest, handle });
+    }
+
+    /// Handles of every hosted toolbox.
+    pub fn handles(&self) -> impl Iterator<Item = &ToolboxHandle> {
+        self.hosted.values().map(|h| &h.handle)
+    }
+
+    /// Waits until every toolbox has finished its first start (ready, failed
+    /// or stopped), each up to its call timeout.
+    pub async fn wait_started(&self) {
+        join_all(self.handles().map(|h| h.wait_started())).await;
+    }
+
+    /// Re-reads the manifests and applies the difference: new ones start,
+    /// removed ones drain and stop, changed ones are replaced, unchanged ones
+    /// only refresh their tools. A manifest that became invalid is reported and
+    /// its running toolbox keeps its old configuration.
+    pub async fn reload(&mut self) -> ReloadReport {
+        let set = manifest::load_dirs(&self.dirs);
+        let mut report = ReloadReport::default();
+        let broken: HashSet<PathBuf> = set.errors.iter().map(|e| e.path.clone()).collect();
+        for e in &set.errors {
+            tracing::error!("reload: {e}");
+            report
+                .errors
+                .push((e.path.display().to_string(), e.to_string()));
+        }
+        let mut incoming: BTreeMap<String, Manifest> =
+            set.manifests.into_iter().map(|m| (m.id.clone(), m)).collect();
+
+        let mut retire = Vec::new();
+        let mut refresh = Vec::new();
+        let ids: Vec<String> = self.hosted.keys().cloned().collect();
+        for id in ids {
+            let Some(hosted) = self.hosted.get(&id) else { continue };
+            match incoming.remove(&id) {
+                Some(m) if m == hosted.manifest => refresh.push(hosted.handle.clone()),
+                Some(m) => {
+                    tracing::info!(toolbox = %id, "reload: manifest changed; replacing the toolbox");
+                    if let Some(old) = self.hosted.remove(&id) {
+                        old.handle.stop().await;
+                    }
+                    self.registry.remove(&id);
+                    self.host(m);
+                }
+                None if broken.contains(&hosted.manifest.path) => {
+                    tracing::warn!(toolbox = %id, "reload: manifest is invalid now; keeping the running configuration");
+                }
+                None => {
+                    tracing::info!(toolbox = %id, "reload: manifest removed; stopping the toolbox");
+                    if let Some(old) = self.hosted.remove(&id) {
+                        retire.push(old.handle);
+                    }
+                }
+            }
+        }
+        for m in incoming.into_values() {
+            tracing::info!(toolbox = %m.id, "reload: new manifest; starting the toolbox");
+            self.host(m);
+        }
+        let registry = &self.registry;
+        let stops = retire.into_iter().map(|h| async move {
+            h.stop().await;
+            registry.remove(h.id());
+        });
+        join_all(stops).await;
+        join_all(refresh.iter().map(|h| h.refresh())).await;
+        self.wait_started().await;
+
+        let catalog = self.registry.snapshot();
+        report.loaded = catalog
+            .toolboxes()
+            .filter(|(_, e)| e.state != toolbox::State::Stopped)
+            .map(|(id, _)| id.clone())
+            .collect();
+        report
+    }
+
+    /// Stops every toolbox, letting in-flight calls drain.
+    pub async fn shutdown(self) {
+        join_all(self.hosted.values().map(|h| h.handle.stop())).await;
+    }
+}
