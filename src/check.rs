@@ -66,9 +66,8 @@ async fn probe_one(m: &Manifest) -> Result<String, Vec<String>> {
             return Err(problems);
         }
         Ok(format!(
-            "MCP {:?} {}, {} tools: {}",
+            "{}, {} tools: {}",
             session.era(),
-            session.era().version(),
             names.len(),
             names.join(", ")
         ))

@@ -286,6 +286,7 @@ impl Child {
             stdout,
             manifest.limits.max_message_bytes,
             events_tx,
+            exit_rx.clone(),
         ));
         tokio::spawn(forward_stderr(manifest.id.clone(), pid, stderr));
         let reaper_link = link.clone();
@@ -430,6 +431,7 @@ async fn read_stdout(
     stdout: tokio::process::ChildStdout,
     max: usize,
     events: mpsc::UnboundedSender<ChildEvent>,
+    mut exit: watch::Receiver<Option<ExitInfo>>,
 ) {
     let toolbox = link.toolbox.as_str();
     let pid = link.pid;
@@ -439,7 +441,15 @@ async fn read_stdout(
     let why = loop {
         match read_line_bounded(&mut reader, &mut line, max).await {
             Ok(true) => {}
-            Ok(false) => break "the child closed its stdout".to_owned(),
+            Ok(false) => {
+                // Usually the process is exiting: let the reaper report the
+                // exit status to the callers rather than a closed pipe.
+                let exited = exit.wait_for(|e| e.is_some());
+                if tokio::time::timeout(EXIT_AFTER_EOF, exited).await.is_ok() {
+                    return;
+                }
+                break "the child closed its stdout but kept running".to_owned();
+            }
             Err(e) => break e,
         }
         let trimmed = line.trim_ascii();
@@ -517,6 +527,10 @@ fn log_child_message(toolbox: &str, pid: u32, params: &Value) {
         _ => tracing::error!(toolbox, pid, "{text}"),
     }
 }
+
+/// How long a child whose stdout closed may take to exit before it counts as
+/// broken.
+const EXIT_AFTER_EOF: Duration = Duration::from_secs(2);
 
 /// Longest stderr line logged; the rest of a longer line is cut.
 const STDERR_LINE_MAX: usize = 4096;

@@ -222,6 +222,9 @@ impl Manifest {
         } else {
             dir
         };
+        // Absolute, so that neither the command nor the cwd depends on the
+        // daemon's own working directory once the child has changed into its own.
+        let dir = std::path::absolute(&dir).unwrap_or(dir);
         let cwd = match &raw.cwd {
             Some(cwd) => dir.join(cwd),
             None => dir.clone(),

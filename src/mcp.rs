@@ -134,6 +134,15 @@ pub enum Era {
     Legacy(String),
 }
 
+impl std::fmt::Display for Era {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Era::Modern(v) => write!(f, "modern MCP {v}"),
+            Era::Legacy(v) => write!(f, "legacy MCP {v}"),
+        }
+    }
+}
+
 impl Era {
     /// The negotiated protocol version.
     pub fn version(&self) -> &str {

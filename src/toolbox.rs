@@ -418,7 +418,7 @@ impl Actor {
             tracing::info!(
                 toolbox = self.id(),
                 pid,
-                era = ?serving.session.era(),
+                era = %serving.session.era(),
                 tools = tools.len(),
                 "ready"
             );
