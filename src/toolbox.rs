@@ -420,7 +420,7 @@ impl Actor {
                 pid,
                 era = %serving.session.era(),
                 tools = tools.len(),
-                "ready"
+                "toolbox ready"
             );
             self.publish(State::Ready, Some(tools));
             let _ = self.slot.send(Slot::Serving(serving.clone()));
