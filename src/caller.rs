@@ -31,16 +31,31 @@ pub enum CallError {
 
 /// Sends `topic` with `data` on the bus at `url` and returns the data of the
 /// first `.response` that carries our mark.
-pub async fn request(url: &str, topic: &str, data: Object, wait: Duration) -> Result<Object, CallError> {
+pub async fn request(
+    url: &str,
+    topic: &str,
+    data: Object,
+    wait: Duration,
+) -> Result<Object, CallError> {
     let mut ws = client::connect(url).await?;
-    let mark = format!("{}-{}", std::process::id(), std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0));
+    let mark = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    );
     let mut message = Message::new(topic, data);
-    message.context.insert("source".into(), "toolboxd-cli".into());
-    message.context.insert("destination".into(), "toolboxd".into());
-    message.context.insert(MARK.into(), Value::String(mark.clone()));
+    message
+        .context
+        .insert("source".into(), "toolboxd-cli".into());
+    message
+        .context
+        .insert("destination".into(), "toolboxd".into());
+    message
+        .context
+        .insert(MARK.into(), Value::String(mark.clone()));
     ws.send(WsMessage::text(message.encode()))
         .await
         .map_err(|e| CallError::Io(e.to_string()))?;
@@ -49,9 +64,15 @@ pub async fn request(url: &str, topic: &str, data: Object, wait: Duration) -> Re
         while let Some(frame) = ws.next().await {
             tcp::quickack(ws.get_ref());
             let frame = frame.map_err(|e| CallError::Io(e.to_string()))?;
-            let WsMessage::Text(text) = frame else { continue };
-            let Ok(reply) = Message::decode(text.as_str()) else { continue };
-            if reply.msg_type == expected && reply.context.get(MARK).and_then(Value::as_str) == Some(&mark) {
+            let WsMessage::Text(text) = frame else {
+                continue;
+            };
+            let Ok(reply) = Message::decode(text.as_str()) else {
+                continue;
+            };
+            if reply.msg_type == expected
+                && reply.context.get(MARK).and_then(Value::as_str) == Some(&mark)
+            {
                 return Ok(reply.data);
             }
         }

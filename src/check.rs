@@ -36,7 +36,14 @@ pub async fn check(dirs: &[PathBuf], probe: bool, out: &mut impl Write) -> bool 
         }
     }
     if set.manifests.is_empty() && set.errors.is_empty() {
-        let _ = writeln!(out, "no manifests (*.toml) found in {}", dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", "));
+        let _ = writeln!(
+            out,
+            "no manifests (*.toml) found in {}",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     ok
 }
@@ -47,9 +54,14 @@ async fn probe_one(m: &Manifest) -> Result<String, Vec<String>> {
     let probe_timeout = Duration::from_secs(m.limits.probe_timeout_s);
     let timeout = Duration::from_secs(m.limits.call_timeout_s);
     let result = async {
-        let session = Session::open(child.rpc().clone(), m.protocol.as_deref(), probe_timeout, timeout)
-            .await
-            .map_err(|e| vec![format!("handshake: {e}")])?;
+        let session = Session::open(
+            child.rpc().clone(),
+            m.protocol.as_deref(),
+            probe_timeout,
+            timeout,
+        )
+        .await
+        .map_err(|e| vec![format!("handshake: {e}")])?;
         let (specs, mut problems) = session
             .list_tools(timeout)
             .await

@@ -168,7 +168,11 @@ impl RpcHandle {
             id,
             done: false,
         };
-        if link.stdin.send(mcp::request_line(id, method, &params)).is_err() {
+        if link
+            .stdin
+            .send(mcp::request_line(id, method, &params))
+            .is_err()
+        {
             guard.done = true;
             link.lock_pending().remove(&id);
             return Err(self.closed_reason());
@@ -183,7 +187,10 @@ impl RpcHandle {
 
     /// Sends a notification; a child that is gone is not an error here.
     pub fn notify(&self, method: &str, params: Value) {
-        let _ = self.link.stdin.send(mcp::notification_line(method, &params));
+        let _ = self
+            .link
+            .stdin
+            .send(mcp::notification_line(method, &params));
     }
 
     /// Requests waiting for an answer right now.
@@ -222,7 +229,9 @@ pub struct Child {
 impl Child {
     /// Spawns the manifest's command with piped stdio, in its own process group.
     /// Returns the child and the receiver of its events (closed when it exits).
-    pub fn spawn(manifest: &Manifest) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
+    pub fn spawn(
+        manifest: &Manifest,
+    ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
         let mut cmd = Command::new(&manifest.program);
         cmd.args(&manifest.args)
             .current_dir(&manifest.cwd)
@@ -352,7 +361,9 @@ impl Child {
     pub async fn stop(&self, grace: Duration) -> ExitInfo {
         use nix::sys::signal::Signal;
         // Closing stdin is what MCP's stdio transport defines as "shut down".
-        self.rpc.link.close(RpcFailure::Broken("the toolbox is stopping".to_owned()));
+        self.rpc
+            .link
+            .close(RpcFailure::Broken("the toolbox is stopping".to_owned()));
         let _ = self.rpc.link.stdin.send(Vec::new());
         if let Ok(exit) = tokio::time::timeout(grace, self.exited()).await {
             self.signal_group(Signal::SIGKILL); // leftovers in its group
@@ -404,7 +415,10 @@ async fn read_line_bounded<R: AsyncRead + Unpin>(
 ) -> Result<bool, String> {
     buf.clear();
     loop {
-        let available = reader.fill_buf().await.map_err(|e| format!("read failed: {e}"))?;
+        let available = reader
+            .fill_buf()
+            .await
+            .map_err(|e| format!("read failed: {e}"))?;
         if available.is_empty() {
             return Ok(!buf.is_empty());
         }
@@ -413,7 +427,9 @@ async fn read_line_bounded<R: AsyncRead + Unpin>(
             None => (available, None),
         };
         if buf.len() + chunk.len() > max {
-            return Err(format!("a stdout line is longer than max_message_bytes ({max})"));
+            return Err(format!(
+                "a stdout line is longer than max_message_bytes ({max})"
+            ));
         }
         buf.extend_from_slice(chunk);
         let used = found.unwrap_or(chunk.len());
@@ -505,7 +521,11 @@ async fn read_stdout(
         }
     };
     // A child that closed stdout or broke framing cannot answer anything more.
-    tracing::warn!(toolbox, pid, "stdout is unusable ({why}); stopping the child");
+    tracing::warn!(
+        toolbox,
+        pid,
+        "stdout is unusable ({why}); stopping the child"
+    );
     link.close(RpcFailure::Broken(why));
     let _ = nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(pid as i32),
@@ -514,7 +534,10 @@ async fn read_stdout(
 }
 
 fn log_child_message(toolbox: &str, pid: u32, params: &Value) {
-    let level = params.get("level").and_then(Value::as_str).unwrap_or("info");
+    let level = params
+        .get("level")
+        .and_then(Value::as_str)
+        .unwrap_or("info");
     let data = params.get("data").cloned().unwrap_or(Value::Null);
     let text = match &data {
         Value::String(s) => s.clone(),

@@ -49,7 +49,10 @@ pub enum DaemonError {
 }
 
 /// Starts an embedded bus on `addr`; returns its URL.
-async fn embed(addr: SocketAddr, shutdown: crate::shutdown::Shutdown) -> Result<String, DaemonError> {
+async fn embed(
+    addr: SocketAddr,
+    shutdown: crate::shutdown::Shutdown,
+) -> Result<String, DaemonError> {
     let listener = server::bind(addr)
         .await
         .map_err(|source| DaemonError::Bind { addr, source })?;

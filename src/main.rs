@@ -13,7 +13,11 @@ use toolboxd::bus::envelope::Object;
 use toolboxd::daemon::{self, BusMode, RunOptions};
 
 #[derive(Parser)]
-#[command(name = "toolboxd", version, about = "Supervises MCP-stdio toolboxes and serves them on the OVOS messagebus")]
+#[command(
+    name = "toolboxd",
+    version,
+    about = "Supervises MCP-stdio toolboxes and serves them on the OVOS messagebus"
+)]
 struct Cli {
     /// Log format on stderr (filter with RUST_LOG).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -101,7 +105,10 @@ fn main() -> ExitCode {
     // One thread: children get a parent-death signal tied to the thread that
     // spawned them, and a single-threaded runtime is also the faster one for a
     // relay like this (see docs/architecture.md).
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("toolboxd: cannot start the async runtime: {e}");
@@ -134,10 +141,20 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Check { manifests, probe } => {
             let ok = toolboxd::check::check(&manifests, probe, &mut std::io::stdout()).await;
-            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+            Ok(if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::List { bus, timeout } => {
-            let data = toolboxd::caller::request(&bus, "ovos.tools.list", Object::new(), Duration::from_secs(timeout)).await?;
+            let data = toolboxd::caller::request(
+                &bus,
+                "ovos.tools.list",
+                Object::new(),
+                Duration::from_secs(timeout),
+            )
+            .await?;
             print_answer(data)
         }
         Command::Call {
@@ -149,7 +166,10 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         } => {
             let args: Value = serde_json::from_str(&args)
                 .with_context(|| format!("--args is not JSON: {args}"))?;
-            anyhow::ensure!(args.is_object(), "--args must be a JSON object, e.g. '{{\"a\": 2}}'");
+            anyhow::ensure!(
+                args.is_object(),
+                "--args must be a JSON object, e.g. '{{\"a\": 2}}'"
+            );
             let mut data = Object::new();
             data.insert("name".into(), Value::String(tool));
             let topic = match toolbox {
@@ -163,7 +183,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                     "ovos.tools.invoke"
                 }
             };
-            let data = toolboxd::caller::request(&bus, topic, data, Duration::from_secs(timeout)).await?;
+            let data =
+                toolboxd::caller::request(&bus, topic, data, Duration::from_secs(timeout)).await?;
             print_answer(data)
         }
         Command::Bus { listen } => {
@@ -196,5 +217,9 @@ async fn wait_for_stop_signal() -> anyhow::Result<()> {
 fn print_answer(data: Object) -> anyhow::Result<ExitCode> {
     let failed = data.contains_key("error");
     println!("{}", serde_json::to_string_pretty(&Value::Object(data))?);
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

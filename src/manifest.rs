@@ -267,7 +267,8 @@ impl Manifest {
                 ))
             }
         };
-        check_knobs(&raw.restart, &raw.limits).map_err(|(key, message)| err(key_line(key), message))?;
+        check_knobs(&raw.restart, &raw.limits)
+            .map_err(|(key, message)| err(key_line(key), message))?;
 
         Ok(Manifest {
             path: path.to_owned(),
@@ -373,12 +374,13 @@ fn line_of_offset(text: &str, offset: usize) -> usize {
 
 /// The line where `key = ...` is first written, for pointing at a bad value.
 fn line_of_key(text: &str, key: &str) -> Option<usize> {
-    text.lines().position(|line| {
-        let line = line.trim_start();
-        line.strip_prefix(key)
-            .is_some_and(|rest| rest.trim_start().starts_with('='))
-    })
-    .map(|i| i + 1)
+    text.lines()
+        .position(|line| {
+            let line = line.trim_start();
+            line.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
 }
 
 /// Every manifest found in some directories: the good ones, and an error for
@@ -470,7 +472,10 @@ mod tests {
         assert!(e.message.contains("comand"), "{e}");
         let e = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\ncall_timeout = 3\n").unwrap_err();
         assert_eq!(e.line, Some(4));
-        assert!(e.to_string().starts_with("/tmp/m.toml:4: unknown field"), "{e}");
+        assert!(
+            e.to_string().starts_with("/tmp/m.toml:4: unknown field"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -508,8 +513,8 @@ mod tests {
         let e = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\nmax_concurrent_calls = 0\n")
             .unwrap_err();
         assert_eq!(e.line, Some(4));
-        let e = parse("id = \"a\"\ncommand = \"sh\"\n[restart]\npolicy = \"sometimes\"\n")
-            .unwrap_err();
+        let e =
+            parse("id = \"a\"\ncommand = \"sh\"\n[restart]\npolicy = \"sometimes\"\n").unwrap_err();
         assert!(e.message.contains("sometimes"), "{e}");
     }
 
@@ -519,7 +524,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("a.toml"), "id = \"x\"\ncommand = \"sh\"\n").unwrap();
         std::fs::write(dir.join("b.toml"), "id = \"x\"\ncommand = \"sh\"\n").unwrap();
-        let set = load_dirs(&[dir.clone()]);
+        let set = load_dirs(std::slice::from_ref(&dir));
         assert_eq!(set.manifests.len(), 1);
         assert_eq!(set.errors.len(), 1);
         let msg = set.errors[0].to_string();

@@ -335,8 +335,10 @@ mod tests {
                 result: Ok(json!({"x": 1}))
             })
         );
-        let Ok(Incoming::Response { id: Some(2), result: Err(e) }) =
-            parse_line(br#"{"jsonrpc":"2.0","id":2,"error":{"code":-32601,"message":"nope"}}"#)
+        let Ok(Incoming::Response {
+            id: Some(2),
+            result: Err(e),
+        }) = parse_line(br#"{"jsonrpc":"2.0","id":2,"error":{"code":-32601,"message":"nope"}}"#)
         else {
             panic!()
         };
@@ -381,7 +383,9 @@ mod tests {
         let r = json!({"content": [{"type": "text", "text": "ValueError: no"}], "isError": true});
         assert_eq!(map_call_result(r, true), Err("ValueError: no".to_owned()));
         let r = json!({"resultType": "input_required", "inputRequests": {}});
-        assert!(map_call_result(r, false).unwrap_err().starts_with("ToolError:"));
+        assert!(map_call_result(r, false)
+            .unwrap_err()
+            .starts_with("ToolError:"));
     }
 
     #[test]

@@ -40,7 +40,9 @@ impl Tool {
     /// Compiles a listed tool's schemas. The error says which schema and why.
     pub fn compile(toolbox_id: &str, spec: ToolSpec) -> Result<Tool, String> {
         let has_output_schema = spec.output_schema.is_some();
-        let output_schema = spec.output_schema.unwrap_or_else(mcp::generic_output_schema);
+        let output_schema = spec
+            .output_schema
+            .unwrap_or_else(mcp::generic_output_schema);
         let arguments = jsonschema::validator_for(&spec.input_schema)
             .map_err(|e| format!("its inputSchema does not compile: {e}"))?;
         let output = jsonschema::validator_for(&output_schema)
@@ -175,7 +177,10 @@ impl Catalog {
         let mut owners: HashMap<String, Vec<String>> = HashMap::new();
         for (id, entry) in entries.iter().filter(|(_, e)| e.is_listed()) {
             for tool in entry.tools.iter() {
-                owners.entry(tool.name.clone()).or_default().push(id.clone());
+                owners
+                    .entry(tool.name.clone())
+                    .or_default()
+                    .push(id.clone());
             }
         }
         Catalog { entries, owners }
@@ -199,7 +204,11 @@ impl Catalog {
     /// Resolves a tool name across every listed toolbox.
     pub fn resolve(&self, name: &str) -> Resolved<'_> {
         match self.owners.get(name).map(Vec::as_slice) {
-            Some([id]) => match self.entries.get(id).and_then(|e| Some((e, e.tools.get(name)?))) {
+            Some([id]) => match self
+                .entries
+                .get(id)
+                .and_then(|e| Some((e, e.tools.get(name)?)))
+            {
                 Some((entry, tool)) => Resolved::One(entry, tool),
                 None => Resolved::Unknown,
             },
@@ -226,7 +235,10 @@ pub struct Registry {
 impl Registry {
     /// The current snapshot.
     pub fn snapshot(&self) -> Arc<Catalog> {
-        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Applies `change` to a copy of the entries and swaps the result in.
@@ -305,10 +317,16 @@ mod tests {
         let t = tool(json!({"$schema": "http://json-schema.org/draft-07/schema#",
             "definitions": {"n": {"type": "integer"}},
             "type": "object", "properties": {"a": {"$ref": "#/definitions/n"}}}));
-        assert!(t.check_arguments(&json!({"a": "x"})).unwrap_err().starts_with("/a: "));
+        assert!(t
+            .check_arguments(&json!({"a": "x"}))
+            .unwrap_err()
+            .starts_with("/a: "));
         let t = tool(json!({"$defs": {"n": {"type": "integer", "minimum": 0}},
             "type": "object", "properties": {"a": {"items": {"$ref": "#/$defs/n"}}}}));
-        assert!(t.check_arguments(&json!({"a": [1, -1]})).unwrap_err().starts_with("/a/1: "));
+        assert!(t
+            .check_arguments(&json!({"a": [1, -1]}))
+            .unwrap_err()
+            .starts_with("/a/1: "));
     }
 
     #[test]

@@ -160,15 +160,15 @@ impl Service {
                 async move { handle.refresh().await }
             })
             .collect();
-        let _ = tokio::time::timeout(
-            DISCOVER_REFRESH,
-            futures_util::future::join_all(refreshes),
-        )
-        .await;
+        let _ =
+            tokio::time::timeout(DISCOVER_REFRESH, futures_util::future::join_all(refreshes)).await;
         let catalog = self.registry.snapshot();
         for (id, entry) in catalog.listed() {
             let tools: Vec<Value> = entry.tools.iter().map(|t| t.definition.clone()).collect();
-            self.respond(request, object! {"toolbox_id" => id.as_str(), "tools" => tools});
+            self.respond(
+                request,
+                object! {"toolbox_id" => id.as_str(), "tools" => tools},
+            );
         }
     }
 
@@ -209,16 +209,23 @@ impl Service {
             }
             match entry.tools.get(name) {
                 Some(tool) => return self.run(entry.handle.clone(), tool.clone(), args).await,
-                None if attempt == 0 && entry.state == State::Starting && entry.tools.is_empty() => {
+                None if attempt == 0
+                    && entry.state == State::Starting
+                    && entry.tools.is_empty() =>
+                {
                     if !entry.handle.wait_started().await {
-                        return Err(format!("RuntimeError: toolbox '{id}' did not start in time"));
+                        return Err(format!(
+                            "RuntimeError: toolbox '{id}' did not start in time"
+                        ));
                     }
                     catalog = self.registry.snapshot();
                 }
                 None => break,
             }
         }
-        Err(format!("ValueError: Unknown tool '{name}' for ToolBox '{id}'."))
+        Err(format!(
+            "ValueError: Unknown tool '{name}' for ToolBox '{id}'."
+        ))
     }
 
     /// Validates the arguments (before the child sees anything), then calls.
@@ -346,7 +353,9 @@ mod tests {
     fn routes_topics() {
         assert!(matches!(route(DISCOVER), Some(Topic::Discover)));
         assert!(matches!(route(INVOKE), Some(Topic::Invoke)));
-        assert!(matches!(route("ovos.persona.tools.math.call"), Some(Topic::Predecessor(id)) if id == "math"));
+        assert!(
+            matches!(route("ovos.persona.tools.math.call"), Some(Topic::Predecessor(id)) if id == "math")
+        );
         assert!(route("ovos.persona.tools.call.response").is_none());
         assert!(route("ovos.persona.tools.a.b.call").is_none());
         assert!(route("ovos.tools.invoke.response").is_none());

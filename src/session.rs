@@ -228,7 +228,10 @@ impl Session {
             Era::Legacy(_) => "ping",
             Era::Modern(_) => "server/discover",
         };
-        self.rpc.request(method, self.params(Map::new())).await.map(|_| ())
+        self.rpc
+            .request(method, self.params(Map::new()))
+            .await
+            .map(|_| ())
     }
 }
 

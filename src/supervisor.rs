@@ -41,7 +41,10 @@ pub struct Supervisor {
 impl Supervisor {
     /// Reads the manifests and starts an actor for each valid one. The errors
     /// are the manifests that could not be used.
-    pub fn start(dirs: Vec<PathBuf>, registry: Arc<Registry>) -> (Supervisor, Vec<manifest::ManifestError>) {
+    pub fn start(
+        dirs: Vec<PathBuf>,
+        registry: Arc<Registry>,
+    ) -> (Supervisor, Vec<manifest::ManifestError>) {
         let set = manifest::load_dirs(&dirs);
         let mut supervisor = Supervisor {
             dirs,
@@ -85,14 +88,19 @@ impl Supervisor {
                 .errors
                 .push((e.path.display().to_string(), e.to_string()));
         }
-        let mut incoming: BTreeMap<String, Manifest> =
-            set.manifests.into_iter().map(|m| (m.id.clone(), m)).collect();
+        let mut incoming: BTreeMap<String, Manifest> = set
+            .manifests
+            .into_iter()
+            .map(|m| (m.id.clone(), m))
+            .collect();
 
         let mut retire = Vec::new();
         let mut refresh = Vec::new();
         let ids: Vec<String> = self.hosted.keys().cloned().collect();
         for id in ids {
-            let Some(hosted) = self.hosted.get(&id) else { continue };
+            let Some(hosted) = self.hosted.get(&id) else {
+                continue;
+            };
             match incoming.remove(&id) {
                 Some(m) if m == hosted.manifest => refresh.push(hosted.handle.clone()),
                 Some(m) => {

@@ -150,16 +150,16 @@ impl ToolboxHandle {
     pub async fn call(&self, tool: &Tool, args: Value) -> Result<Value, String> {
         self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
         let _count = InFlightCount(&self.stats);
-        let outcome = match tokio::time::timeout(self.call_timeout, self.call_inner(tool, args)).await
-        {
-            Ok(outcome) => outcome,
-            Err(_) => Err(format!(
-                "TimeoutError: tool '{}' in toolbox '{}' did not answer within {} s",
-                tool.name,
-                self.id,
-                self.call_timeout.as_secs()
-            )),
-        };
+        let outcome =
+            match tokio::time::timeout(self.call_timeout, self.call_inner(tool, args)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(format!(
+                    "TimeoutError: tool '{}' in toolbox '{}' did not answer within {} s",
+                    tool.name,
+                    self.id,
+                    self.call_timeout.as_secs()
+                )),
+            };
         let counter = if outcome.is_ok() {
             &self.stats.calls_ok
         } else {
@@ -171,24 +171,27 @@ impl ToolboxHandle {
 
     async fn call_inner(&self, tool: &Tool, args: Value) -> Result<Value, String> {
         let serving = self.serving().await?;
-        let _permit = serving.permits.acquire().await.map_err(|_| {
-            format!("RuntimeError: toolbox '{}' is shutting down", self.id)
-        })?;
-        let raw = serving
-            .session
-            .call_tool(&tool.name, args)
+        let _permit = serving
+            .permits
+            .acquire()
             .await
-            .map_err(|failure| match failure {
-                RpcFailure::Rpc(e) => mcp::rpc_error_text(&e),
-                RpcFailure::Exited(exit) => format!(
-                    "RuntimeError: toolbox '{}' exited ({exit}) while running '{}'",
-                    self.id, tool.name
-                ),
-                RpcFailure::Broken(why) => format!(
-                    "RuntimeError: toolbox '{}' failed while running '{}': {why}",
-                    self.id, tool.name
-                ),
-            })?;
+            .map_err(|_| format!("RuntimeError: toolbox '{}' is shutting down", self.id))?;
+        let raw =
+            serving
+                .session
+                .call_tool(&tool.name, args)
+                .await
+                .map_err(|failure| match failure {
+                    RpcFailure::Rpc(e) => mcp::rpc_error_text(&e),
+                    RpcFailure::Exited(exit) => format!(
+                        "RuntimeError: toolbox '{}' exited ({exit}) while running '{}'",
+                        self.id, tool.name
+                    ),
+                    RpcFailure::Broken(why) => format!(
+                        "RuntimeError: toolbox '{}' failed while running '{}': {why}",
+                        self.id, tool.name
+                    ),
+                })?;
         let result = mcp::map_call_result(raw, tool.has_output_schema)?;
         tool.check_output(&result).map_err(|why| {
             format!(
@@ -226,9 +229,7 @@ impl ToolboxHandle {
     /// `restarting`; `true` if it did.
     pub async fn wait_started(&self) -> bool {
         let mut slot = self.slot.clone();
-        let started = async move {
-            slot.wait_for(|s| !matches!(s, Slot::Waiting)).await.is_ok()
-        };
+        let started = async move { slot.wait_for(|s| !matches!(s, Slot::Waiting)).await.is_ok() };
         tokio::time::timeout(self.call_timeout, started).await == Ok(true)
     }
 
@@ -353,7 +354,11 @@ impl Actor {
                 }
                 Err(why) => {
                     tracing::error!(toolbox = self.id(), "start failed: {why}");
-                    (ExitInfo::Code(-1), Duration::ZERO, format!("failed to start: {why}"))
+                    (
+                        ExitInfo::Code(-1),
+                        Duration::ZERO,
+                        format!("failed to start: {why}"),
+                    )
                 }
             };
             if !self.restart_after(ended, uptime, exit_text).await {
@@ -380,27 +385,31 @@ impl Actor {
                 request_timeout,
             )
             .await;
-            let session = match opened {
-                Ok(session) => session,
-                // A legacy child may die of the unknown `server/discover` probe:
-                // start it again and go straight to `initialize`.
-                Err(e) if e.child_died() && self.pin.is_none() && attempt == 1 => {
-                    tracing::info!(
-                        toolbox = self.id(),
-                        pid,
-                        "child ended during the era probe ({e}); retrying as legacy MCP"
-                    );
-                    self.pin = Some(crate::manifest::LEGACY_VERSIONS[0].to_owned());
-                    continue;
-                }
-                Err(e) => {
-                    let status = match tokio::time::timeout(Duration::from_millis(200), child.exited()).await {
-                        Ok(exit) => format!(" (child {exit})"),
-                        Err(_) => String::new(),
-                    };
-                    return Err(format!("handshake: {e}{status}"));
-                }
-            };
+            let session =
+                match opened {
+                    Ok(session) => session,
+                    // A legacy child may die of the unknown `server/discover` probe:
+                    // start it again and go straight to `initialize`.
+                    Err(e) if e.child_died() && self.pin.is_none() && attempt == 1 => {
+                        tracing::info!(
+                            toolbox = self.id(),
+                            pid,
+                            "child ended during the era probe ({e}); retrying as legacy MCP"
+                        );
+                        self.pin = Some(crate::manifest::LEGACY_VERSIONS[0].to_owned());
+                        continue;
+                    }
+                    Err(e) => {
+                        let status =
+                            match tokio::time::timeout(Duration::from_millis(200), child.exited())
+                                .await
+                            {
+                                Ok(exit) => format!(" (child {exit})"),
+                                Err(_) => String::new(),
+                            };
+                        return Err(format!("handshake: {e}{status}"));
+                    }
+                };
             self.pin = Some(session.era().version().to_owned());
             let (specs, problems) = session
                 .list_tools(request_timeout)
@@ -459,7 +468,8 @@ impl Actor {
         let limits = &self.manifest.limits;
         let probe_every = Duration::from_secs(limits.probe_interval_s);
         let probe_timeout = Duration::from_secs(limits.probe_timeout_s);
-        let mut probe = tokio::time::interval_at(tokio::time::Instant::now() + probe_every, probe_every);
+        let mut probe =
+            tokio::time::interval_at(tokio::time::Instant::now() + probe_every, probe_every);
         let mut missed = 0;
         let pid = running.child.pid();
         loop {
@@ -522,7 +532,11 @@ impl Actor {
                     tracing::warn!(toolbox = self.id(), "tool left out: {problem}");
                 }
                 let tools = self.compile(specs);
-                tracing::info!(toolbox = self.id(), tools = tools.len(), "tool list changed");
+                tracing::info!(
+                    toolbox = self.id(),
+                    tools = tools.len(),
+                    "tool list changed"
+                );
                 self.publish(State::Ready, Some(tools));
             }
             Err(e) => tracing::warn!(toolbox = self.id(), "tool refresh failed: {e}"),
@@ -544,7 +558,11 @@ impl Actor {
         }
         running.serving.permits.close();
         let exit = running.child.stop(STOP_GRACE).await;
-        tracing::info!(toolbox = self.id(), pid = running.child.pid(), "child stopped ({exit})");
+        tracing::info!(
+            toolbox = self.id(),
+            pid = running.child.pid(),
+            "child stopped ({exit})"
+        );
     }
 
     /// After a stop: answer commands until every handle is gone.
@@ -572,7 +590,12 @@ impl Actor {
         if !wanted {
             let reason = format!("{exit_text}; restart policy is {:?}", restart.policy);
             tracing::warn!(toolbox = self.id(), "not restarting: {reason}");
-            self.publish(State::Failed { reason: reason.clone() }, None);
+            self.publish(
+                State::Failed {
+                    reason: reason.clone(),
+                },
+                None,
+            );
             let _ = self.slot.send(Slot::Failed(reason));
             self.idle_until_stopped().await;
             return false;
@@ -582,7 +605,11 @@ impl Actor {
         }
         let now = Instant::now();
         let window = Duration::from_secs(restart.window_s);
-        while self.restarts.front().is_some_and(|t| now.duration_since(*t) > window) {
+        while self
+            .restarts
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > window)
+        {
             self.restarts.pop_front();
         }
         if self.restarts.len() >= restart.max_restarts as usize {
@@ -591,7 +618,12 @@ impl Actor {
                 restart.max_restarts, restart.window_s, restart.failed_retry_s
             );
             tracing::error!(toolbox = self.id(), "failed: {reason}");
-            self.publish(State::Failed { reason: reason.clone() }, None);
+            self.publish(
+                State::Failed {
+                    reason: reason.clone(),
+                },
+                None,
+            );
             let _ = self.slot.send(Slot::Failed(reason));
             if !self.wait(Duration::from_secs(restart.failed_retry_s)).await {
                 return false;
@@ -610,7 +642,12 @@ impl Actor {
                 delay_ms = delay.as_millis() as u64,
                 "restarting after {exit_text}"
             );
-            self.publish(State::Restarting { last_exit: exit_text }, None);
+            self.publish(
+                State::Restarting {
+                    last_exit: exit_text,
+                },
+                None,
+            );
             let _ = self.slot.send(Slot::Waiting);
             if !self.wait(delay).await {
                 return false;

@@ -23,23 +23,45 @@ fn two_toolboxes() -> (TempDir, Daemon) {
 async fn discover_answers_once_per_toolbox_with_tool_definitions() {
     let (_dir, daemon) = two_toolboxes();
     let mut bus = Bus::connect(&daemon.url).await;
-    bus.send("ovos.persona.tools.discover", json!({}), json!({"mark": "d1"})).await;
-    let answers = bus.collect("ovos.persona.tools.discover.response", "d1", WINDOW * 2).await;
-    let mut ids: Vec<&str> = answers.iter().map(|a| a["data"]["toolbox_id"].as_str().unwrap()).collect();
+    bus.send(
+        "ovos.persona.tools.discover",
+        json!({}),
+        json!({"mark": "d1"}),
+    )
+    .await;
+    let answers = bus
+        .collect("ovos.persona.tools.discover.response", "d1", WINDOW * 2)
+        .await;
+    let mut ids: Vec<&str> = answers
+        .iter()
+        .map(|a| a["data"]["toolbox_id"].as_str().unwrap())
+        .collect();
     ids.sort();
     assert_eq!(ids, ["math", "text"], "{answers:#?}");
-    let math = answers.iter().find(|a| a["data"]["toolbox_id"] == "math").unwrap();
+    let math = answers
+        .iter()
+        .find(|a| a["data"]["toolbox_id"] == "math")
+        .unwrap();
     let tools = math["data"]["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
     // math lists its tools two per page: all four prove nextCursor is followed.
     assert_eq!(names, ["add", "echo", "sqrt", "sleep"]);
     let add = &tools[0];
-    for key in ["name", "description", "argument_schema", "output_schema", "toolbox_id"] {
+    for key in [
+        "name",
+        "description",
+        "argument_schema",
+        "output_schema",
+        "toolbox_id",
+    ] {
         assert!(add.get(key).is_some(), "tool definition lacks {key}: {add}");
     }
     assert_eq!(add["toolbox_id"], "math");
     assert_eq!(add["argument_schema"]["required"], json!(["a", "b"]));
-    assert_eq!(add["output_schema"]["properties"]["result"]["type"], "integer");
+    assert_eq!(
+        add["output_schema"]["properties"]["result"]["type"],
+        "integer"
+    );
     // echo has no outputSchema: it gets the generic {content, is_error, raw}.
     assert_eq!(tools[1]["output_schema"]["title"], "AdapterToolOutput");
 }
@@ -54,32 +76,79 @@ async fn persona_call_answers_exactly_once() {
         json!({"mark": "c1"}),
     )
     .await;
-    let answers = bus.collect("ovos.persona.tools.call.response", "c1", WINDOW).await;
+    let answers = bus
+        .collect("ovos.persona.tools.call.response", "c1", WINDOW)
+        .await;
     assert_eq!(answers.len(), 1, "{answers:#?}");
-    assert_eq!(answers[0]["data"], json!({"toolbox_id": "math", "result": {"result": 5}}));
+    assert_eq!(
+        answers[0]["data"],
+        json!({"toolbox_id": "math", "result": {"result": 5}})
+    );
 
     // The bash toolbox, legacy era, through the same topic.
     let r = bus
-        .request("ovos.persona.tools.call", json!({"toolbox_id": "text", "name": "shout", "kwargs": {"text": "hi"}}))
+        .request(
+            "ovos.persona.tools.call",
+            json!({"toolbox_id": "text", "name": "shout", "kwargs": {"text": "hi"}}),
+        )
         .await;
-    assert_eq!(r["data"], json!({"toolbox_id": "text", "result": {"text": "HI"}}));
+    assert_eq!(
+        r["data"],
+        json!({"toolbox_id": "text", "result": {"text": "HI"}})
+    );
 }
 
 #[tokio::test]
 async fn persona_call_for_a_toolbox_not_hosted_or_none_gets_no_answer() {
     let (_dir, daemon) = two_toolboxes();
     let mut bus = Bus::connect(&daemon.url).await;
-    bus.send("ovos.persona.tools.call", json!({"toolbox_id": "nobody", "name": "add", "kwargs": {}}), json!({"mark": "n1"}))
+    bus.send(
+        "ovos.persona.tools.call",
+        json!({"toolbox_id": "nobody", "name": "add", "kwargs": {}}),
+        json!({"mark": "n1"}),
+    )
+    .await;
+    bus.send(
+        "ovos.persona.tools.call",
+        json!({"name": "add", "kwargs": {"a": 1, "b": 1}}),
+        json!({"mark": "n1"}),
+    )
+    .await;
+    bus.send(
+        "ovos.persona.tools.call",
+        json!({"toolbox_id": "MATH", "name": "add"}),
+        json!({"mark": "n1"}),
+    )
+    .await;
+    bus.send(
+        "ovos.persona.tools.nobody.call",
+        json!({"name": "add"}),
+        json!({"mark": "n1"}),
+    )
+    .await;
+    let mut answers = bus
+        .collect(
+            "ovos.persona.tools.call.response",
+            "n1",
+            Duration::from_millis(1500),
+        )
         .await;
-    bus.send("ovos.persona.tools.call", json!({"name": "add", "kwargs": {"a": 1, "b": 1}}), json!({"mark": "n1"}))
-        .await;
-    bus.send("ovos.persona.tools.call", json!({"toolbox_id": "MATH", "name": "add"}), json!({"mark": "n1"})).await;
-    bus.send("ovos.persona.tools.nobody.call", json!({"name": "add"}), json!({"mark": "n1"})).await;
-    let mut answers = bus.collect("ovos.persona.tools.call.response", "n1", Duration::from_millis(1500)).await;
-    answers.extend(bus.collect("ovos.persona.tools.nobody.call.response", "n1", Duration::from_millis(10)).await);
+    answers.extend(
+        bus.collect(
+            "ovos.persona.tools.nobody.call.response",
+            "n1",
+            Duration::from_millis(10),
+        )
+        .await,
+    );
     assert!(answers.is_empty(), "expected silence, got {answers:#?}");
     // ...and the daemon is alive and answering.
-    let r = bus.request("ovos.persona.tools.call", json!({"toolbox_id": "math", "name": "add", "kwargs": {"a": 1, "b": 1}})).await;
+    let r = bus
+        .request(
+            "ovos.persona.tools.call",
+            json!({"toolbox_id": "math", "name": "add", "kwargs": {"a": 1, "b": 1}}),
+        )
+        .await;
     assert_eq!(r["data"]["result"]["result"], 2);
 }
 
@@ -87,23 +156,52 @@ async fn persona_call_for_a_toolbox_not_hosted_or_none_gets_no_answer() {
 async fn persona_call_errors_are_plain_words() {
     let (_dir, daemon) = two_toolboxes();
     let mut bus = Bus::connect(&daemon.url).await;
-    let call = |name: Value, kwargs: Value| json!({"toolbox_id": "math", "name": name, "kwargs": kwargs});
-    let r = bus.request("ovos.persona.tools.call", call(json!("nope"), json!({}))).await;
-    assert_eq!(r["data"], json!({"toolbox_id": "math", "error": "ValueError: Unknown tool 'nope' for ToolBox 'math'."}));
-    let r = bus.request("ovos.persona.tools.call", json!({"toolbox_id": "math"})).await;
+    let call =
+        |name: Value, kwargs: Value| json!({"toolbox_id": "math", "name": name, "kwargs": kwargs});
+    let r = bus
+        .request("ovos.persona.tools.call", call(json!("nope"), json!({})))
+        .await;
+    assert_eq!(
+        r["data"],
+        json!({"toolbox_id": "math", "error": "ValueError: Unknown tool 'nope' for ToolBox 'math'."})
+    );
+    let r = bus
+        .request("ovos.persona.tools.call", json!({"toolbox_id": "math"}))
+        .await;
     assert_eq!(r["data"]["error"], "Missing required field: 'name'");
-    let r = bus.request("ovos.persona.tools.call", call(json!("add"), json!({"a": 1, "b": "x"}))).await;
+    let r = bus
+        .request(
+            "ovos.persona.tools.call",
+            call(json!("add"), json!({"a": 1, "b": "x"})),
+        )
+        .await;
     assert_eq!(
         r["data"]["error"],
         "ValueError: Tool input validation failed for 'add' in ToolBox 'math': /b: \"x\" is not of type \"integer\""
     );
     assert!(r["data"].get("result").is_none());
-    let r = bus.request("ovos.persona.tools.call", call(json!("sqrt"), json!({"number": -4}))).await;
-    assert_eq!(r["data"]["error"], "ValueError: cannot take the square root of -4");
+    let r = bus
+        .request(
+            "ovos.persona.tools.call",
+            call(json!("sqrt"), json!({"number": -4})),
+        )
+        .await;
+    assert_eq!(
+        r["data"]["error"],
+        "ValueError: cannot take the square root of -4"
+    );
     // kwargs absent means {}: the schema then names what is missing.
-    let r = bus.request("ovos.persona.tools.call", json!({"toolbox_id": "math", "name": "add"})).await;
+    let r = bus
+        .request(
+            "ovos.persona.tools.call",
+            json!({"toolbox_id": "math", "name": "add"}),
+        )
+        .await;
     let e = r["data"]["error"].as_str().unwrap();
-    assert!(e.starts_with("ValueError: Tool input validation failed for 'add' in ToolBox 'math': /: "), "{e}");
+    assert!(
+        e.starts_with("ValueError: Tool input validation failed for 'add' in ToolBox 'math': /: "),
+        "{e}"
+    );
     assert!(e.contains("\"a\" is a required property"), "{e}");
 }
 
@@ -117,9 +215,14 @@ async fn predecessor_topic_takes_the_toolbox_from_the_topic() {
         json!({"mark": "p1"}),
     )
     .await;
-    let answers = bus.collect("ovos.persona.tools.math.call.response", "p1", WINDOW).await;
+    let answers = bus
+        .collect("ovos.persona.tools.math.call.response", "p1", WINDOW)
+        .await;
     assert_eq!(answers.len(), 1, "{answers:#?}");
-    assert_eq!(answers[0]["data"], json!({"toolbox_id": "math", "result": {"result": 42}}));
+    assert_eq!(
+        answers[0]["data"],
+        json!({"toolbox_id": "math", "result": {"result": 42}})
+    );
 }
 
 #[tokio::test]
@@ -131,34 +234,86 @@ async fn tool_service_list_get_invoke_reload() {
     let tools = r["data"]["tools"].as_array().unwrap();
     let mut names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
     names.sort();
-    assert_eq!(names, ["add", "echo", "shout", "sleep", "sqrt", "word_count"]);
+    assert_eq!(
+        names,
+        ["add", "echo", "shout", "sleep", "sqrt", "word_count"]
+    );
 
-    let r = bus.request("ovos.tools.get", json!({"name": "word_count"})).await;
+    let r = bus
+        .request("ovos.tools.get", json!({"name": "word_count"}))
+        .await;
     assert_eq!(r["data"]["toolbox_id"], "text");
     assert_eq!(r["data"]["name"], "word_count");
     assert!(r["data"]["argument_schema"].is_object() && r["data"]["output_schema"].is_object());
-    let r = bus.request("ovos.tools.get", json!({"name": "nonexistent"})).await;
+    let r = bus
+        .request("ovos.tools.get", json!({"name": "nonexistent"}))
+        .await;
     assert_eq!(r["data"], json!({"error": "Unknown tool: 'nonexistent'"}));
     let r = bus.request("ovos.tools.get", json!({})).await;
-    assert_eq!(r["data"], json!({"error": "Missing required field: 'name'"}));
+    assert_eq!(
+        r["data"],
+        json!({"error": "Missing required field: 'name'"})
+    );
 
-    let r = bus.request("ovos.tools.invoke", json!({"name": "add", "args": {"a": 3, "b": 4}})).await;
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 3, "b": 4}}),
+        )
+        .await;
     assert_eq!(r["data"], json!({"name": "add", "result": {"result": 7}}));
-    let r = bus.request("ovos.tools.invoke", json!({"name": "echo", "args": {"text": "hello"}})).await;
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "echo", "args": {"text": "hello"}}),
+        )
+        .await;
     assert_eq!(r["data"]["result"]["content"], "hello");
     assert_eq!(r["data"]["result"]["is_error"], false);
-    assert_eq!(r["data"]["result"]["raw"], json!([{"type": "text", "text": "hello"}]));
-    let r = bus.request("ovos.tools.invoke", json!({"name": "word_count", "args": {"text": "one two three"}})).await;
-    assert_eq!(r["data"], json!({"name": "word_count", "result": {"words": 3}}));
-    let r = bus.request("ovos.tools.invoke", json!({"name": "nope", "args": {}})).await;
-    assert_eq!(r["data"], json!({"name": "nope", "error": "Unknown tool: 'nope'"}));
+    assert_eq!(
+        r["data"]["result"]["raw"],
+        json!([{"type": "text", "text": "hello"}])
+    );
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "word_count", "args": {"text": "one two three"}}),
+        )
+        .await;
+    assert_eq!(
+        r["data"],
+        json!({"name": "word_count", "result": {"words": 3}})
+    );
+    let r = bus
+        .request("ovos.tools.invoke", json!({"name": "nope", "args": {}}))
+        .await;
+    assert_eq!(
+        r["data"],
+        json!({"name": "nope", "error": "Unknown tool: 'nope'"})
+    );
     let r = bus.request("ovos.tools.invoke", json!({"args": {}})).await;
-    assert_eq!(r["data"], json!({"name": "", "error": "Missing required field: 'name'"}));
-    let r = bus.request("ovos.tools.invoke", json!({"name": "sqrt", "args": {"number": -1}})).await;
-    assert_eq!(r["data"], json!({"name": "sqrt", "error": "ValueError: cannot take the square root of -1"}));
+    assert_eq!(
+        r["data"],
+        json!({"name": "", "error": "Missing required field: 'name'"})
+    );
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "sqrt", "args": {"number": -1}}),
+        )
+        .await;
+    assert_eq!(
+        r["data"],
+        json!({"name": "sqrt", "error": "ValueError: cannot take the square root of -1"})
+    );
 
     let r = bus.request("ovos.tools.reload", json!({})).await;
-    let mut loaded: Vec<&str> = r["data"]["loaded"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+    let mut loaded: Vec<&str> = r["data"]["loaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
     loaded.sort();
     assert_eq!(loaded, ["math", "text"]);
     assert_eq!(r["data"]["total_tools"], 6);
@@ -174,18 +329,31 @@ async fn a_name_two_toolboxes_own_is_an_error_on_the_flat_namespace() {
     let daemon = Daemon::start(dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
     for (topic, data) in [
-        ("ovos.tools.invoke", json!({"name": "add", "args": {"a": 1, "b": 2}})),
+        (
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 1, "b": 2}}),
+        ),
         ("ovos.tools.get", json!({"name": "add"})),
     ] {
         let r = bus.request(topic, data).await;
-        let e = r["data"]["error"].as_str().unwrap_or_else(|| panic!("{topic}: {r}"));
+        let e = r["data"]["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{topic}: {r}"));
         assert!(e.contains("'fixture'") && e.contains("'math'"), "{e}");
         assert!(e.contains("ovos.persona.tools.call"), "{e}");
     }
     // Each toolbox is still reachable by its id.
     for id in ["math", "fixture"] {
-        let r = bus.request("ovos.persona.tools.call", json!({"toolbox_id": id, "name": "add", "kwargs": {"a": 1, "b": 2}})).await;
-        assert_eq!(r["data"], json!({"toolbox_id": id, "result": {"result": 3}}));
+        let r = bus
+            .request(
+                "ovos.persona.tools.call",
+                json!({"toolbox_id": id, "name": "add", "kwargs": {"a": 1, "b": 2}}),
+            )
+            .await;
+        assert_eq!(
+            r["data"],
+            json!({"toolbox_id": id, "result": {"result": 3}})
+        );
     }
 }
 
@@ -195,19 +363,40 @@ async fn invalid_arguments_never_reach_the_child() {
     let record = dir.path().join("received.jsonl");
     dir.write(
         "fixture.toml",
-        &fixture_manifest("fixture", &format!("env = {{ MCP_TOOLBOX_RECORD = \"{}\" }}", record.display())),
+        &fixture_manifest(
+            "fixture",
+            &format!("env = {{ MCP_TOOLBOX_RECORD = \"{}\" }}", record.display()),
+        ),
     );
     let daemon = Daemon::start(dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
-    for args in [json!({"a": 1, "b": "x"}), json!({"a": 1}), json!({"a": 1, "b": 2, "c": 3}), json!([1, 2])] {
+    for args in [
+        json!({"a": 1, "b": "x"}),
+        json!({"a": 1}),
+        json!({"a": 1, "b": 2, "c": 3}),
+        json!([1, 2]),
+    ] {
         let r = bus
-            .request("ovos.persona.tools.call", json!({"toolbox_id": "fixture", "name": "add", "kwargs": args}))
+            .request(
+                "ovos.persona.tools.call",
+                json!({"toolbox_id": "fixture", "name": "add", "kwargs": args}),
+            )
             .await;
         let e = r["data"]["error"].as_str().unwrap();
-        assert!(e.starts_with("ValueError: Tool input validation failed for 'add' in ToolBox 'fixture': "), "{e}");
+        assert!(
+            e.starts_with(
+                "ValueError: Tool input validation failed for 'add' in ToolBox 'fixture': "
+            ),
+            "{e}"
+        );
     }
     // A valid call afterwards reaches it, so the record is live.
-    let r = bus.request("ovos.tools.invoke", json!({"name": "add", "args": {"a": 5, "b": 6}})).await;
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 5, "b": 6}}),
+        )
+        .await;
     assert_eq!(r["data"]["result"]["result"], 11);
     let received = std::fs::read_to_string(&record).unwrap();
     let calls: Vec<Value> = received
@@ -225,7 +414,9 @@ async fn an_output_that_fails_its_schema_is_an_error() {
     dir.write("fixture.toml", &fixture_manifest("fixture", ""));
     let daemon = Daemon::start(dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
-    let r = bus.request("ovos.tools.invoke", json!({"name": "bad_output"})).await;
+    let r = bus
+        .request("ovos.tools.invoke", json!({"name": "bad_output"}))
+        .await;
     assert!(r["data"].get("result").is_none(), "{r}");
     let e = r["data"]["error"].as_str().unwrap();
     assert_eq!(
@@ -242,23 +433,47 @@ async fn responses_swap_routing_and_carry_session_and_foreign_keys() {
         "mark": "ctx1", "source": "skill-x", "destination": ["toolboxd", "other"],
         "session": {"session_id": "abc", "lang": "pt-PT"}, "x-trace": {"span": [1, 2]}
     });
-    bus.send("ovos.tools.invoke", json!({"name": "add", "args": {"a": 1, "b": 1}}), context.clone()).await;
-    let answers = bus.collect("ovos.tools.invoke.response", "ctx1", WINDOW).await;
+    bus.send(
+        "ovos.tools.invoke",
+        json!({"name": "add", "args": {"a": 1, "b": 1}}),
+        context.clone(),
+    )
+    .await;
+    let answers = bus
+        .collect("ovos.tools.invoke.response", "ctx1", WINDOW)
+        .await;
     assert_eq!(answers.len(), 1);
     let got = &answers[0]["context"];
     assert_eq!(got["source"], "toolboxd");
     assert_eq!(got["destination"], "skill-x");
     assert_eq!(got["session"], context["session"]);
     assert_eq!(got["x-trace"], context["x-trace"]);
-    assert_eq!(got.as_object().unwrap().len(), context.as_object().unwrap().len(), "nothing added: {got}");
+    assert_eq!(
+        got.as_object().unwrap().len(),
+        context.as_object().unwrap().len(),
+        "nothing added: {got}"
+    );
 
     // Only a source: the answer goes back to it.
-    bus.send("ovos.tools.list", json!({}), json!({"mark": "ctx2", "source": "A"})).await;
-    let answers = bus.collect("ovos.tools.list.response", "ctx2", WINDOW).await;
-    assert_eq!(answers[0]["context"], json!({"mark": "ctx2", "source": "A", "destination": "A"}));
+    bus.send(
+        "ovos.tools.list",
+        json!({}),
+        json!({"mark": "ctx2", "source": "A"}),
+    )
+    .await;
+    let answers = bus
+        .collect("ovos.tools.list.response", "ctx2", WINDOW)
+        .await;
+    assert_eq!(
+        answers[0]["context"],
+        json!({"mark": "ctx2", "source": "A", "destination": "A"})
+    );
     // No routing keys at all: none are invented, no session is injected.
-    bus.send("ovos.tools.list", json!({}), json!({"mark": "ctx3"})).await;
-    let answers = bus.collect("ovos.tools.list.response", "ctx3", WINDOW).await;
+    bus.send("ovos.tools.list", json!({}), json!({"mark": "ctx3"}))
+        .await;
+    let answers = bus
+        .collect("ovos.tools.list.response", "ctx3", WINDOW)
+        .await;
     assert_eq!(answers[0]["context"], json!({"mark": "ctx3"}));
 }
 
@@ -278,12 +493,25 @@ async fn malformed_frames_are_dropped_and_the_connection_stays_up() {
     ] {
         bus.send_raw(frame).await;
     }
-    let r = bus.request("ovos.tools.invoke", json!({"name": "add", "args": {"a": 40, "b": 2}})).await;
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 40, "b": 2}}),
+        )
+        .await;
     assert_eq!(r["data"]["result"]["result"], 42);
     // The frame with data: [1] was not answered.
-    let answers = bus.collect("ovos.tools.list.response", "bad", Duration::from_millis(300)).await;
+    let answers = bus
+        .collect(
+            "ovos.tools.list.response",
+            "bad",
+            Duration::from_millis(300),
+        )
+        .await;
     assert!(answers.is_empty());
-    assert!(!daemon.log_lines_with("dropped a malformed bus frame").is_empty());
+    assert!(!daemon
+        .log_lines_with("dropped a malformed bus frame")
+        .is_empty());
 }
 
 #[tokio::test]
@@ -296,17 +524,26 @@ async fn two_hundred_concurrent_invokes_over_several_connections_are_each_answer
             let mut bus = Bus::connect(&url).await;
             for i in 0..50u64 {
                 let data = json!({"name": "add", "args": {"a": conn * 1000 + i, "b": 1}});
-                bus.send("ovos.tools.invoke", data, json!({"mark": format!("c{conn}-{i}")})).await;
+                bus.send(
+                    "ovos.tools.invoke",
+                    data,
+                    json!({"mark": format!("c{conn}-{i}")}),
+                )
+                .await;
             }
             // Collect every answer seen by this connection for a while.
             let mut seen: std::collections::HashMap<String, Vec<Value>> = Default::default();
             let end = Instant::now() + Duration::from_secs(15);
             while let Some(left) = end.checked_duration_since(Instant::now()) {
-                let Some(m) = bus.next(left.min(Duration::from_secs(2))).await else { break };
+                let Some(m) = bus.next(left.min(Duration::from_secs(2))).await else {
+                    break;
+                };
                 if m["type"] == "ovos.tools.invoke.response" {
                     if let Some(mark) = m["context"]["mark"].as_str() {
                         if mark.starts_with(&format!("c{conn}-")) {
-                            seen.entry(mark.to_owned()).or_default().push(m["data"].clone());
+                            seen.entry(mark.to_owned())
+                                .or_default()
+                                .push(m["data"].clone());
                         }
                     }
                 }
@@ -316,7 +553,9 @@ async fn two_hundred_concurrent_invokes_over_several_connections_are_each_answer
                     if let Some(m) = extra {
                         if let Some(mark) = m["context"]["mark"].as_str() {
                             if mark.starts_with(&format!("c{conn}-")) {
-                                seen.entry(mark.to_owned()).or_default().push(m["data"].clone());
+                                seen.entry(mark.to_owned())
+                                    .or_default()
+                                    .push(m["data"].clone());
                             }
                         }
                         continue;
@@ -330,11 +569,20 @@ async fn two_hundred_concurrent_invokes_over_several_connections_are_each_answer
     let mut total = 0;
     for task in tasks {
         let (conn, seen) = task.await.unwrap();
-        assert_eq!(seen.len(), 50, "connection {conn} got {} distinct answers", seen.len());
+        assert_eq!(
+            seen.len(),
+            50,
+            "connection {conn} got {} distinct answers",
+            seen.len()
+        );
         for (mark, answers) in seen {
             assert_eq!(answers.len(), 1, "{mark} answered {} times", answers.len());
             let i: u64 = mark.rsplit('-').next().unwrap().parse().unwrap();
-            assert_eq!(answers[0]["result"]["result"], conn * 1000 + i + 1, "{mark}");
+            assert_eq!(
+                answers[0]["result"]["result"],
+                conn * 1000 + i + 1,
+                "{mark}"
+            );
             total += 1;
         }
     }
@@ -346,8 +594,18 @@ async fn a_slow_call_does_not_delay_a_fast_one() {
     let (_dir, daemon) = two_toolboxes();
     let mut bus = Bus::connect(&daemon.url).await;
     let started = Instant::now();
-    bus.send("ovos.tools.invoke", json!({"name": "sleep", "args": {"seconds": 2}}), json!({"mark": "slow"})).await;
-    bus.send("ovos.tools.invoke", json!({"name": "add", "args": {"a": 1, "b": 2}}), json!({"mark": "fast"})).await;
+    bus.send(
+        "ovos.tools.invoke",
+        json!({"name": "sleep", "args": {"seconds": 2}}),
+        json!({"mark": "slow"}),
+    )
+    .await;
+    bus.send(
+        "ovos.tools.invoke",
+        json!({"name": "add", "args": {"a": 1, "b": 2}}),
+        json!({"mark": "fast"}),
+    )
+    .await;
     let mut fast_at = None;
     let mut slow_at = None;
     while slow_at.is_none() {
@@ -366,6 +624,9 @@ async fn a_slow_call_does_not_delay_a_fast_one() {
         }
     }
     let fast_at = fast_at.expect("fast call answered");
-    assert!(fast_at < Duration::from_secs(1), "fast call took {fast_at:?}");
+    assert!(
+        fast_at < Duration::from_secs(1),
+        "fast call took {fast_at:?}"
+    );
     assert!(slow_at.unwrap() >= Duration::from_secs(2));
 }

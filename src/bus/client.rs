@@ -25,10 +25,7 @@ pub enum BusError {
     #[error("bus URL {url:?} is not valid: {why}; use e.g. ws://127.0.0.1:8181/core")]
     BadUrl { url: String, why: String },
     #[error("cannot connect to the bus at {url}: {source}; is the messagebus running?")]
-    Connect {
-        url: String,
-        source: std::io::Error,
-    },
+    Connect { url: String, source: std::io::Error },
     #[error("websocket handshake with {url} failed: {source}; check the route (usually /core)")]
     Handshake {
         url: String,
@@ -59,7 +56,10 @@ pub async fn connect(url: &str) -> Result<WsStream, BusError> {
         ));
     }
     let host = uri.host().ok_or_else(|| bad("no host".to_owned()))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
     let port = uri.port_u16().unwrap_or(80);
     let stream = TcpStream::connect((host.as_str(), port))
         .await

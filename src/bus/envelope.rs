@@ -177,10 +177,7 @@ mod tests {
         assert_eq!(Message::decode("[1,2]"), Err(DecodeError::NotObject));
         assert_eq!(Message::decode("\"x\""), Err(DecodeError::NotObject));
         assert_eq!(Message::decode("{}"), Err(DecodeError::MissingType));
-        assert_eq!(
-            Message::decode(r#"{"type":""}"#),
-            Err(DecodeError::BadType)
-        );
+        assert_eq!(Message::decode(r#"{"type":""}"#), Err(DecodeError::BadType));
         assert_eq!(Message::decode(r#"{"type":3}"#), Err(DecodeError::BadType));
         assert_eq!(
             Message::decode(r#"{"type":"a","data":[1]}"#),

@@ -85,20 +85,26 @@ pub async fn serve(listener: TcpListener, mut shutdown: Shutdown) {
     }
 }
 
+// The signature is tungstenite's handshake callback; its error type is theirs.
+#[allow(clippy::result_large_err)]
 fn check_route(request: &Request, response: Response) -> Result<Response, ErrorResponse> {
     let path = request.uri().path();
     if path == ROUTE || path == "/core/" {
         Ok(response)
     } else {
-        let mut refusal = ErrorResponse::new(Some(format!(
-            "no bus at {path}; connect to {ROUTE}\n"
-        )));
+        let mut refusal =
+            ErrorResponse::new(Some(format!("no bus at {path}; connect to {ROUTE}\n")));
         *refusal.status_mut() = StatusCode::NOT_FOUND;
         Err(refusal)
     }
 }
 
-async fn client(stream: TcpStream, peer: SocketAddr, clients: Arc<Clients>, mut shutdown: Shutdown) {
+async fn client(
+    stream: TcpStream,
+    peer: SocketAddr,
+    clients: Arc<Clients>,
+    mut shutdown: Shutdown,
+) {
     tcp::tune(&stream);
     let ws = match tokio_tungstenite::accept_hdr_async_with_config(
         stream,

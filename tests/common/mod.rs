@@ -33,7 +33,8 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("toolboxd-test-{tag}-{}-{n}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("toolboxd-test-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)
@@ -66,7 +67,10 @@ pub fn math_manifest(id: &str) -> String {
 
 /// Manifest text for the example bash + jq toolbox under `id`.
 pub fn text_manifest(id: &str) -> String {
-    format!("id = \"{id}\"\ncommand = \"{}\"\n", repo("examples/shell/text_toolbox.sh"))
+    format!(
+        "id = \"{id}\"\ncommand = \"{}\"\n",
+        repo("examples/shell/text_toolbox.sh")
+    )
 }
 
 /// Manifest text for the test fixture toolbox under `id`, with extra lines.
@@ -88,7 +92,12 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `toolboxd run` on an embedded bus (port 0) and waits for "ready".
     pub fn start(manifests: &Path) -> Daemon {
-        Daemon::start_with(&["--manifests", manifests.to_str().unwrap(), "--embedded-bus", "127.0.0.1:0"])
+        Daemon::start_with(&[
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ])
     }
 
     /// Starts `toolboxd run` with these arguments and waits for "ready".
@@ -122,9 +131,14 @@ impl Daemon {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = rx.recv_timeout(left).unwrap_or_else(|_| {
-                panic!("toolboxd did not become ready; log:\n{}", logs.lock().unwrap().join("\n"))
+                panic!(
+                    "toolboxd did not become ready; log:\n{}",
+                    logs.lock().unwrap().join("\n")
+                )
             });
-            let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
             if v["message"] == "ready" && v["bus"].is_string() {
                 url = url.or_else(|| v["bus"].as_str().map(str::to_owned));
                 break;
@@ -132,7 +146,11 @@ impl Daemon {
         }
         // Keep draining stderr in the background thread (it owns rx's sender).
         std::thread::spawn(move || while rx.recv().is_ok() {});
-        Daemon { child, url: url.expect("ready line names the bus"), logs }
+        Daemon {
+            child,
+            url: url.expect("ready line names the bus"),
+            logs,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -179,17 +197,25 @@ static MARKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1
 
 /// A fresh unique mark for a request's context.
 pub fn mark() -> String {
-    format!("m{}", MARKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    format!(
+        "m{}",
+        MARKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
 }
 
 impl Bus {
     pub async fn connect(url: &str) -> Bus {
-        let (ws, _) = tokio_tungstenite::connect_async(url).await.expect("connect to bus");
+        let (ws, _) = tokio_tungstenite::connect_async(url)
+            .await
+            .expect("connect to bus");
         Bus { ws }
     }
 
     pub async fn send_raw(&mut self, text: &str) {
-        self.ws.send(WsMessage::text(text.to_owned())).await.unwrap();
+        self.ws
+            .send(WsMessage::text(text.to_owned()))
+            .await
+            .unwrap();
     }
 
     /// Sends {type, data, context}.
@@ -201,7 +227,10 @@ impl Bus {
     /// Next decoded message, or None after `timeout`.
     pub async fn next(&mut self, timeout: Duration) -> Option<Value> {
         loop {
-            let frame = tokio::time::timeout(timeout, self.ws.next()).await.ok()??.ok()?;
+            let frame = tokio::time::timeout(timeout, self.ws.next())
+                .await
+                .ok()??
+                .ok()?;
             if let WsMessage::Text(text) = frame {
                 if let Ok(v) = serde_json::from_str::<Value>(text.as_str()) {
                     return Some(v);
@@ -231,7 +260,12 @@ impl Bus {
             .unwrap_or_else(|| panic!("no answer to {topic}"))
     }
 
-    pub async fn request_within(&mut self, topic: &str, data: Value, wait: Duration) -> Option<Value> {
+    pub async fn request_within(
+        &mut self,
+        topic: &str,
+        data: Value,
+        wait: Duration,
+    ) -> Option<Value> {
         let m = mark();
         self.send(topic, data, json!({"mark": m})).await;
         let response = format!("{topic}.response");

@@ -1,0 +1,263 @@
+//! The command line: `check` (with and without `--probe`), `list`, `call`,
+//! `bus`, and `run`'s default bus selection.
+
+mod common;
+
+use std::process::Command;
+
+use common::{math_manifest, text_manifest, Bus, Daemon, TempDir, BIN};
+use serde_json::{json, Value};
+
+fn toolboxd(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_accepts_the_shipped_manifests_and_probes_them() {
+    let dir = common::repo("manifests");
+    let (code, out, err) = toolboxd(&["check", "--manifests", &dir]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("ok    math") && out.contains("ok    text"),
+        "{out}"
+    );
+    let (code, out, err) = toolboxd(&["check", "--probe", "--manifests", &dir]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("modern MCP 2026-07-28, 4 tools: add, echo, sqrt, sleep"),
+        "{out}"
+    );
+    assert!(
+        out.contains("legacy MCP 2025-06-18, 2 tools: shout, word_count"),
+        "{out}"
+    );
+}
+
+#[test]
+fn check_reports_each_bad_file_with_line_and_fix_and_exits_1() {
+    let dir = TempDir::new("check");
+    dir.write("good.toml", &math_manifest("good"));
+    dir.write(
+        "typo.toml",
+        "id = \"typo\"\ncommand = \"sh\"\ncomand = \"x\"\n",
+    );
+    dir.write("badid.toml", "id = \"a.b\"\ncommand = \"sh\"\n");
+    dir.write("nobin.toml", "id = \"nobin\"\ncommand = \"./missing.sh\"\n");
+    dir.write("dup.toml", &math_manifest("good"));
+    let (code, out, _) = toolboxd(&["check", "--manifests", dir.path().to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    let line = |file: &str| {
+        out.lines()
+            .find(|l| l.contains(file))
+            .unwrap_or_else(|| panic!("{file} missing: {out}"))
+            .to_owned()
+    };
+    assert!(
+        line("typo.toml").contains("typo.toml:3: unknown field `comand`"),
+        "{out}"
+    );
+    assert!(
+        line("badid.toml").contains("badid.toml:1: id \"a.b\" is not a valid toolbox_id"),
+        "{out}"
+    );
+    assert!(
+        line("nobin.toml").contains("nobin.toml:2: command")
+            && line("nobin.toml").contains("does not exist"),
+        "{out}"
+    );
+    // Files are read in name order: dup.toml claims the id first.
+    assert!(
+        line("good.toml:1").contains("id \"good\" is already used by")
+            && line("good.toml:1").contains("dup.toml"),
+        "{out}"
+    );
+    assert!(out.contains("ok    good"), "{out}");
+}
+
+#[test]
+fn check_probe_reports_a_child_that_does_not_speak_mcp() {
+    let dir = TempDir::new("probe");
+    dir.write("silent.toml", "id = \"silent\"\ncommand = \"sh\"\nargs = [\"-c\", \"echo hello; exit 3\"]\n[limits]\nprobe_timeout_s = 1\ncall_timeout_s = 2\n");
+    let (code, out, _) = toolboxd(&[
+        "check",
+        "--probe",
+        "--manifests",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("error") && out.contains("toolbox silent: handshake"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn list_and_call_print_json_and_exit_1_on_error_answers() {
+    let dir = TempDir::new("cli");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write("text.toml", &text_manifest("text"));
+    let daemon = Daemon::start(dir.path());
+    let url = daemon.url.clone();
+    let run = move |args: Vec<String>| {
+        let mut full = args;
+        full.extend(["--bus".to_owned(), url.clone()]);
+        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
+        toolboxd(&refs)
+    };
+    let (code, out, err) = tokio::task::spawn_blocking({
+        let run = run.clone();
+        move || {
+            run(vec![
+                "call".into(),
+                "add".into(),
+                "--args".into(),
+                r#"{"a":2,"b":3}"#.into(),
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap(),
+        json!({"name": "add", "result": {"result": 5}})
+    );
+
+    let (code, out, _) = tokio::task::spawn_blocking({
+        let run = run.clone();
+        move || {
+            run(vec![
+                "call".into(),
+                "shout".into(),
+                "--toolbox".into(),
+                "text".into(),
+                "--args".into(),
+                r#"{"text":"a"}"#.into(),
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap(),
+        json!({"toolbox_id": "text", "result": {"text": "A"}})
+    );
+
+    let (code, out, _) = tokio::task::spawn_blocking({
+        let run = run.clone();
+        move || {
+            run(vec![
+                "call".into(),
+                "sqrt".into(),
+                "--args".into(),
+                r#"{"number":-1}"#.into(),
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["error"],
+        "ValueError: cannot take the square root of -1"
+    );
+
+    let (code, out, _) = tokio::task::spawn_blocking({
+        let run = run.clone();
+        move || run(vec!["list".into()])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap()["tools"]
+            .as_array()
+            .unwrap()
+            .len(),
+        6
+    );
+
+    // A persona call nobody answers: exit 1 with a message, not a hang.
+    let (code, _, err) = tokio::task::spawn_blocking(move || {
+        run(vec![
+            "call".into(),
+            "add".into(),
+            "--toolbox".into(),
+            "nobody".into(),
+            "--timeout".into(),
+            "1".into(),
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("no answer") && err.contains("'nobody'"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn bus_command_relays_to_every_client_including_the_sender() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let mut bus = std::process::Command::new(BIN)
+        .args(["bus", "--listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Readiness: the log line that says it listens.
+    let stderr = bus.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    assert!(lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains("messagebus listening")));
+    std::thread::spawn(move || lines.for_each(drop));
+    let url = format!("ws://127.0.0.1:{port}/core");
+    let mut a = Bus::connect(&url).await;
+    let mut b = Bus::connect(&url).await;
+    for c in [&mut a, &mut b] {
+        let hello = c.next(std::time::Duration::from_secs(5)).await.unwrap();
+        assert_eq!(hello["type"], "connected");
+    }
+    a.send("x.y", json!({"n": 1}), json!({})).await;
+    for c in [&mut a, &mut b] {
+        let m = c.next(std::time::Duration::from_secs(5)).await.unwrap();
+        assert_eq!(m["type"], "x.y");
+        assert_eq!(m["data"]["n"], 1);
+    }
+    // Any other route is refused.
+    assert!(
+        tokio_tungstenite::connect_async(format!("ws://127.0.0.1:{port}/other"))
+            .await
+            .is_err()
+    );
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(bus.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    assert!(bus.wait().unwrap().success());
+}
+
+#[test]
+fn run_reports_a_bad_manifest_and_serves_the_good_ones() {
+    let dir = TempDir::new("runbad");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write("bad.toml", "id = \"bad\"\n");
+    let mut daemon = Daemon::start(dir.path());
+    let errors = daemon.log_lines_with("missing field `command`");
+    assert_eq!(errors.len(), 1, "{:?}", daemon.logs.lock().unwrap());
+    assert!(errors[0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("bad.toml:1"));
+    assert!(daemon.stop().success());
+}
