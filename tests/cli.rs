@@ -208,19 +208,7 @@ async fn bus_command_relays_to_every_client_including_the_sender() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     drop(listener);
-    let mut bus = std::process::Command::new(BIN)
-        .args(["bus", "--listen", &format!("127.0.0.1:{port}")])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Readiness: the log line that says it listens.
-    let stderr = bus.stderr.take().unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
-    assert!(lines
-        .by_ref()
-        .map_while(Result::ok)
-        .any(|l| l.contains("messagebus listening")));
-    std::thread::spawn(move || lines.for_each(drop));
+    let mut bus = start_bus(port);
     let url = format!("ws://127.0.0.1:{port}/core");
     let mut a = Bus::connect(&url).await;
     let mut b = Bus::connect(&url).await;
@@ -260,4 +248,64 @@ fn run_reports_a_bad_manifest_and_serves_the_good_ones() {
         .unwrap()
         .contains("bad.toml:1"));
     assert!(daemon.stop().success());
+}
+
+/// Starts `toolboxd bus` on `port` and waits until it listens.
+fn start_bus(port: u16) -> std::process::Child {
+    let mut bus = std::process::Command::new(BIN)
+        .args(["bus", "--listen", &format!("127.0.0.1:{port}")])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = bus.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    assert!(lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains("messagebus listening")));
+    std::thread::spawn(move || lines.for_each(drop));
+    bus
+}
+
+#[tokio::test]
+async fn run_reconnects_when_the_bus_comes_back() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("ws://127.0.0.1:{port}/core");
+    let mut bus = start_bus(port);
+    let dir = TempDir::new("reconnect");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start_with(&["--manifests", dir.path().to_str().unwrap(), "--bus", &url]);
+    let mut client = Bus::connect(&url).await;
+    let r = client
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 1, "b": 1}}),
+        )
+        .await;
+    assert_eq!(r["data"]["result"]["result"], 2);
+
+    bus.kill().unwrap();
+    bus.wait().unwrap();
+    daemon.wait_for_log("reconnecting", 1, std::time::Duration::from_secs(10));
+    let mut bus = start_bus(port);
+    daemon.wait_for_log(
+        "connected to the bus",
+        2,
+        std::time::Duration::from_secs(15),
+    );
+    let mut client = Bus::connect(&url).await;
+    let r = client
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 2, "b": 2}}),
+        )
+        .await;
+    assert_eq!(r["data"]["result"]["result"], 4);
+    drop(daemon);
+    bus.kill().unwrap();
+    bus.wait().unwrap();
 }

@@ -168,6 +168,19 @@ impl Daemon {
             .collect()
     }
 
+    /// Waits until `count` log lines contain `text` (polling the captured log).
+    pub fn wait_for_log(&self, text: &str, count: usize, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.log_lines_with(text).len() < count {
+            assert!(
+                Instant::now() < deadline,
+                "no {count}x {text:?} in the log:\n{}",
+                self.logs.lock().unwrap().join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGTERM and wait; returns the exit status.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         let _ = nix::sys::signal::kill(
