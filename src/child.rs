@@ -224,6 +224,8 @@ pub struct Child {
     rpc: RpcHandle,
     /// Becomes `Some` when the process has exited and been reaped.
     exit: watch::Receiver<Option<ExitInfo>>,
+    /// The last stderr lines, for the log line that reports a failure.
+    stderr_tail: StderrTail,
 }
 
 impl Child {
@@ -232,7 +234,18 @@ impl Child {
     pub fn spawn(
         manifest: &Manifest,
     ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
-        let mut cmd = Command::new(&manifest.program);
+        let parent = std::process::id();
+        let mut cmd = match crate::leader::executable() {
+            Some(leader) => {
+                let mut cmd = Command::new(leader);
+                cmd.arg(crate::leader::SUBCOMMAND)
+                    .arg(parent.to_string())
+                    .arg("--")
+                    .arg(&manifest.program);
+                cmd
+            }
+            None => Command::new(&manifest.program),
+        };
         cmd.args(&manifest.args)
             .current_dir(&manifest.cwd)
             .stdin(Stdio::piped())
@@ -243,7 +256,6 @@ impl Child {
             cmd.env_clear();
         }
         cmd.envs(&manifest.env);
-        let parent = std::process::id();
         // SAFETY: the closure runs between fork and exec and calls only
         // async-signal-safe functions (prctl, getppid, _exit).
         unsafe {
@@ -297,7 +309,13 @@ impl Child {
             events_tx,
             exit_rx.clone(),
         ));
-        tokio::spawn(forward_stderr(manifest.id.clone(), pid, stderr));
+        let stderr_tail = StderrTail::default();
+        tokio::spawn(forward_stderr(
+            manifest.id.clone(),
+            pid,
+            stderr,
+            stderr_tail.clone(),
+        ));
         let reaper_link = link.clone();
         tokio::spawn(async move {
             let exit = match process.wait().await {
@@ -316,6 +334,7 @@ impl Child {
                 pid,
                 rpc: RpcHandle { link },
                 exit: exit_rx,
+                stderr_tail,
             },
             events_rx,
         ))
@@ -329,6 +348,16 @@ impl Child {
     /// A handle for requests to this child.
     pub fn rpc(&self) -> &RpcHandle {
         &self.rpc
+    }
+
+    /// The last lines the child wrote to stderr, oldest first.
+    pub fn stderr_tail(&self) -> Vec<String> {
+        self.stderr_tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// How it exited, once it has.
@@ -454,6 +483,7 @@ async fn read_stdout(
     let mut reader = BufReader::with_capacity(64 * 1024, stdout);
     let mut line = Vec::new();
     let mut junk_logged = false;
+    let mut unknown_logged = false;
     let why = loop {
         match read_line_bounded(&mut reader, &mut line, max).await {
             Ok(true) => {}
@@ -479,11 +509,16 @@ async fn read_stdout(
                     Some(tx) => {
                         let _ = tx.send(result.map_err(RpcFailure::Rpc));
                     }
+                    // A late answer to a call that timed out lands here too.
+                    None if !unknown_logged => {
+                        unknown_logged = true;
+                        tracing::warn!(toolbox, pid, ?id, "ignoring a response to an unknown or withdrawn request id (further ones are logged at debug)");
+                    }
                     None => tracing::debug!(
                         toolbox,
                         pid,
                         ?id,
-                        "response to an unknown or withdrawn request id, ignored"
+                        "ignoring a response to an unknown or withdrawn request id"
                     ),
                 }
             }
@@ -557,42 +592,87 @@ const EXIT_AFTER_EOF: Duration = Duration::from_secs(2);
 
 /// Longest stderr line logged; the rest of a longer line is cut.
 const STDERR_LINE_MAX: usize = 4096;
+/// Stderr lines kept for the report of a failed toolbox.
+const STDERR_TAIL_LINES: usize = 20;
+/// Stderr lines logged per second per child; the rest are counted, not logged.
+const STDERR_LINES_PER_SECOND: u32 = 200;
 
-/// Forwards every stderr line to the log, tagged with the toolbox and pid.
-async fn forward_stderr(toolbox: String, pid: u32, stderr: tokio::process::ChildStderr) {
+/// The last lines a child wrote to stderr.
+type StderrTail = Arc<Mutex<std::collections::VecDeque<String>>>;
+
+/// Forwards stderr lines to the log, tagged with the toolbox and pid, at most
+/// [`STDERR_LINES_PER_SECOND`] a second; keeps the last few for failure reports.
+/// It always reads on, so a flooding child never blocks on a full pipe.
+async fn forward_stderr(
+    toolbox: String,
+    pid: u32,
+    stderr: tokio::process::ChildStderr,
+    tail: StderrTail,
+) {
     let mut reader = BufReader::new(stderr);
     let mut line = Vec::new();
+    let mut window = tokio::time::Instant::now();
+    let mut logged = 0u32;
+    let mut suppressed = 0u64;
     loop {
         line.clear();
-        // Read at most STDERR_LINE_MAX bytes of a line; drop the rest of it.
+        // Read at most STDERR_LINE_MAX bytes of a line; skip the rest of it.
         match (&mut reader)
             .take(STDERR_LINE_MAX as u64)
             .read_until(b'\n', &mut line)
             .await
         {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
         if line.last() != Some(&b'\n') {
-            // Skip the rest of an over-long line in bounded pieces.
-            let mut rest = Vec::new();
-            loop {
-                rest.clear();
-                match (&mut reader)
-                    .take(STDERR_LINE_MAX as u64)
-                    .read_until(b'\n', &mut rest)
-                    .await
-                {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) if rest.last() == Some(&b'\n') => break,
-                    Ok(_) => {}
-                }
-            }
+            skip_rest_of_line(&mut reader).await;
         }
         let text = String::from_utf8_lossy(&line);
         let text = text.trim_end();
-        if !text.is_empty() {
+        if text.is_empty() {
+            continue;
+        }
+        {
+            let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+            if tail.len() == STDERR_TAIL_LINES {
+                tail.pop_front();
+            }
+            tail.push_back(text.to_owned());
+        }
+        if window.elapsed() >= Duration::from_secs(1) {
+            if suppressed > 0 {
+                tracing::warn!(toolbox = %toolbox, pid, suppressed, "stderr flood: lines not logged (more than {STDERR_LINES_PER_SECOND} a second)");
+            }
+            window = tokio::time::Instant::now();
+            logged = 0;
+            suppressed = 0;
+        }
+        if logged < STDERR_LINES_PER_SECOND {
+            logged += 1;
             tracing::info!(target: "toolboxd::stderr", toolbox = %toolbox, pid, "{text}");
+        } else {
+            suppressed += 1;
+        }
+    }
+    if suppressed > 0 {
+        tracing::warn!(toolbox = %toolbox, pid, suppressed, "stderr flood: lines not logged (more than {STDERR_LINES_PER_SECOND} a second)");
+    }
+}
+
+/// Skips the rest of an over-long line in bounded pieces.
+async fn skip_rest_of_line<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) {
+    let mut rest = Vec::new();
+    loop {
+        rest.clear();
+        match (&mut *reader)
+            .take(STDERR_LINE_MAX as u64)
+            .read_until(b'\n', &mut rest)
+            .await
+        {
+            Ok(0) | Err(_) => return,
+            Ok(_) if rest.last() == Some(&b'\n') => return,
+            Ok(_) => {}
         }
     }
 }

@@ -13,6 +13,8 @@
 //!   restarted and stopped, and where calls wait for a child.
 //! - [`session`]: the MCP conversation with one child (era, tools, calls).
 //! - [`child`]: one child process; stdio framing and request multiplexing.
+//! - [`leader`]: the process-group leader that makes a toolbox's whole group
+//!   die with the daemon.
 //! - [`mcp`]: JSON-RPC and MCP model types and result mapping (pure).
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
 //! - [`check`], [`caller`]: the `check`, `list` and `call` commands.
@@ -23,6 +25,7 @@ pub mod caller;
 pub mod check;
 pub mod child;
 pub mod daemon;
+pub mod leader;
 pub mod manifest;
 pub mod mcp;
 pub mod registry;

@@ -105,6 +105,9 @@ pub struct Limits {
     pub drain_timeout_s: u64,
     /// Longest stdout line accepted from the child.
     pub max_message_bytes: usize,
+    /// Shorter deadlines for particular tools, by tool name (never longer
+    /// than `call_timeout_s`).
+    pub tool_timeouts: BTreeMap<String, u64>,
 }
 
 impl Default for Limits {
@@ -116,6 +119,7 @@ impl Default for Limits {
             probe_timeout_s: 5,
             drain_timeout_s: 30,
             max_message_bytes: 16 * 1024 * 1024,
+            tool_timeouts: BTreeMap::new(),
         }
     }
 }
@@ -317,6 +321,18 @@ fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, 
             ),
         ));
     }
+    for (tool, &secs) in &limits.tool_timeouts {
+        if secs == 0 || secs > limits.call_timeout_s {
+            return Err((
+                "tool_timeouts",
+                format!(
+                    "tool_timeouts.{tool} = {secs} must be between 1 and call_timeout_s ({}); \
+                     a tool may shorten the deadline, not lengthen it",
+                    limits.call_timeout_s
+                ),
+            ));
+        }
+    }
     if limits.max_message_bytes < 1024 {
         return Err((
             "max_message_bytes",
@@ -494,6 +510,16 @@ mod tests {
         assert!(e.message.contains("not found in PATH"), "{e}");
         let e = parse("id = \"a\"\ncommand = \"./nope.sh\"\n").unwrap_err();
         assert!(e.message.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn tool_timeouts_may_only_shorten_the_deadline() {
+        let ok = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\ncall_timeout_s = 10\n[limits.tool_timeouts]\nslow = 5\n")
+            .unwrap();
+        assert_eq!(ok.limits.tool_timeouts["slow"], 5);
+        let e = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\ncall_timeout_s = 10\n[limits.tool_timeouts]\nslow = 50\n")
+            .unwrap_err();
+        assert!(e.message.contains("not lengthen"), "{e}");
     }
 
     #[test]

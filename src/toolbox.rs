@@ -113,6 +113,8 @@ pub struct ToolboxHandle {
     slot: watch::Receiver<Slot>,
     /// Deadline of one call.
     call_timeout: Duration,
+    /// Shorter deadlines of particular tools.
+    tool_timeouts: Arc<std::collections::BTreeMap<String, u64>>,
     /// Shared counters.
     stats: Arc<Stats>,
 }
@@ -150,16 +152,19 @@ impl ToolboxHandle {
     pub async fn call(&self, tool: &Tool, args: Value) -> Result<Value, String> {
         self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
         let _count = InFlightCount(&self.stats);
-        let outcome =
-            match tokio::time::timeout(self.call_timeout, self.call_inner(tool, args)).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(format!(
-                    "TimeoutError: tool '{}' in toolbox '{}' did not answer within {} s",
-                    tool.name,
-                    self.id,
-                    self.call_timeout.as_secs()
-                )),
-            };
+        let deadline = self
+            .tool_timeouts
+            .get(&tool.name)
+            .map_or(self.call_timeout, |&secs| Duration::from_secs(secs));
+        let outcome = match tokio::time::timeout(deadline, self.call_inner(tool, args)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!(
+                "TimeoutError: tool '{}' in toolbox '{}' did not answer within {} s",
+                tool.name,
+                self.id,
+                deadline.as_secs()
+            )),
+        };
         let counter = if outcome.is_ok() {
             &self.stats.calls_ok
         } else {
@@ -264,6 +269,7 @@ pub fn spawn(manifest: Manifest, registry: Arc<Registry>) -> ToolboxHandle {
         commands: commands_tx,
         slot: slot_rx,
         call_timeout: Duration::from_secs(manifest.limits.call_timeout_s),
+        tool_timeouts: Arc::new(manifest.limits.tool_timeouts.clone()),
         stats: Arc::default(),
     };
     registry.insert(&manifest.id, handle.clone(), State::Starting);
@@ -294,9 +300,40 @@ struct Running {
 /// How a running phase ended.
 enum Ended {
     /// The child exited (or was killed for missing probes).
-    Exited(ExitInfo),
+    Exited(Down),
     /// An operator stopped the toolbox, or the daemon is shutting down.
     Stopped,
+}
+
+/// A child that went down, as the restart policy and the failure report need it.
+struct Down {
+    /// How it ended (`Code(-1)` when it never started).
+    exit: ExitInfo,
+    /// How long it had served; a long run resets the backoff.
+    uptime: Duration,
+    /// What happened, in words, for status and errors.
+    text: String,
+    /// Its last stderr lines.
+    stderr: Vec<String>,
+}
+
+impl Down {
+    /// A child that could not finish its start: kill it and say why.
+    async fn of_failed_start(child: &Child, why: String) -> Down {
+        let exit = match tokio::time::timeout(Duration::from_millis(200), child.exited()).await {
+            Ok(exit) => exit,
+            Err(_) => {
+                child.signal_group(nix::sys::signal::Signal::SIGKILL);
+                child.exited().await
+            }
+        };
+        Down {
+            exit,
+            uptime: Duration::ZERO,
+            text: format!("failed to start ({why}; child {exit})"),
+            stderr: child.stderr_tail(),
+        }
+    }
 }
 
 struct Actor {
@@ -340,44 +377,37 @@ impl Actor {
             return;
         }
         loop {
-            let started = self.start().await;
-            let (ended, uptime, exit_text) = match started {
-                Ok(running) => {
-                    let uptime_from = running.started;
-                    let ended = self.serve(running).await;
-                    match ended {
-                        Ended::Stopped => return,
-                        Ended::Exited(exit) => {
-                            (exit, uptime_from.elapsed(), format!("exited ({exit})"))
-                        }
-                    }
-                }
-                Err(why) => {
-                    tracing::error!(toolbox = self.id(), "start failed: {why}");
-                    (
-                        ExitInfo::Code(-1),
-                        Duration::ZERO,
-                        format!("failed to start: {why}"),
-                    )
+            let down = match self.start().await {
+                Ok(running) => match self.serve(running).await {
+                    Ended::Stopped => return,
+                    Ended::Exited(down) => down,
+                },
+                Err(down) => {
+                    tracing::error!(toolbox = self.id(), "{}", down.text);
+                    down
                 }
             };
-            if !self.restart_after(ended, uptime, exit_text).await {
+            if !self.restart_after(down).await {
                 return;
             }
         }
     }
 
     /// Spawns a child, selects its era and lists its tools.
-    async fn start(&mut self) -> Result<Running, String> {
+    async fn start(&mut self) -> Result<Running, Down> {
         let limits = &self.manifest.limits;
         let probe_timeout = Duration::from_secs(limits.probe_timeout_s);
         let request_timeout = Duration::from_secs(limits.call_timeout_s);
         let mut attempt = 0;
-        loop {
+        let (child, events, session) = loop {
             attempt += 1;
-            let (child, events) = Child::spawn(&self.manifest).map_err(|e| e.to_string())?;
-            let pid = child.pid();
-            tracing::info!(toolbox = self.id(), pid, "child spawned");
+            let (child, events) = Child::spawn(&self.manifest).map_err(|e| Down {
+                exit: ExitInfo::Code(-1),
+                uptime: Duration::ZERO,
+                text: format!("failed to start: {e}"),
+                stderr: Vec::new(),
+            })?;
+            tracing::info!(toolbox = self.id(), pid = child.pid(), "child spawned");
             let opened = Session::open(
                 child.rpc().clone(),
                 self.pin.as_deref(),
@@ -385,61 +415,57 @@ impl Actor {
                 request_timeout,
             )
             .await;
-            let session =
-                match opened {
-                    Ok(session) => session,
-                    // A legacy child may die of the unknown `server/discover` probe:
-                    // start it again and go straight to `initialize`.
-                    Err(e) if e.child_died() && self.pin.is_none() && attempt == 1 => {
-                        tracing::info!(
-                            toolbox = self.id(),
-                            pid,
-                            "child ended during the era probe ({e}); retrying as legacy MCP"
-                        );
-                        self.pin = Some(crate::manifest::LEGACY_VERSIONS[0].to_owned());
-                        continue;
-                    }
-                    Err(e) => {
-                        let status =
-                            match tokio::time::timeout(Duration::from_millis(200), child.exited())
-                                .await
-                            {
-                                Ok(exit) => format!(" (child {exit})"),
-                                Err(_) => String::new(),
-                            };
-                        return Err(format!("handshake: {e}{status}"));
-                    }
-                };
-            self.pin = Some(session.era().version().to_owned());
-            let (specs, problems) = session
-                .list_tools(request_timeout)
-                .await
-                .map_err(|e| format!("listing tools: {e}"))?;
-            for problem in problems {
-                tracing::warn!(toolbox = self.id(), pid, "tool left out: {problem}");
+            match opened {
+                Ok(session) => break (child, events, session),
+                // A legacy child may die of the unknown `server/discover` probe:
+                // start it again and go straight to `initialize`.
+                Err(e) if e.child_died() && self.pin.is_none() && attempt == 1 => {
+                    tracing::info!(
+                        toolbox = self.id(),
+                        pid = child.pid(),
+                        "child ended during the era probe ({e}); retrying as legacy MCP"
+                    );
+                    self.pin = Some(crate::manifest::LEGACY_VERSIONS[0].to_owned());
+                }
+                Err(e) => {
+                    // Probe again next time: the guess above may have been wrong.
+                    self.pin = self.manifest.protocol.clone();
+                    return Err(Down::of_failed_start(&child, format!("handshake: {e}")).await);
+                }
             }
-            let tools = self.compile(specs);
-            let serving = Arc::new(Serving {
-                session,
-                pid,
-                permits: Semaphore::new(self.manifest.limits.max_concurrent_calls),
-            });
-            tracing::info!(
-                toolbox = self.id(),
-                pid,
-                era = %serving.session.era(),
-                tools = tools.len(),
-                "toolbox ready"
-            );
-            self.publish(State::Ready, Some(tools));
-            let _ = self.slot.send(Slot::Serving(serving.clone()));
-            return Ok(Running {
-                child,
-                events,
-                serving,
-                started: Instant::now(),
-            });
+        };
+        let pid = child.pid();
+        self.pin = Some(session.era().version().to_owned());
+        let (specs, problems) = match session.list_tools(request_timeout).await {
+            Ok(listed) => listed,
+            Err(e) => {
+                return Err(Down::of_failed_start(&child, format!("listing tools: {e}")).await)
+            }
+        };
+        for problem in problems {
+            tracing::warn!(toolbox = self.id(), pid, "tool left out: {problem}");
         }
+        let tools = self.compile(specs);
+        let serving = Arc::new(Serving {
+            session,
+            pid,
+            permits: Semaphore::new(self.manifest.limits.max_concurrent_calls),
+        });
+        tracing::info!(
+            toolbox = self.id(),
+            pid,
+            era = %serving.session.era(),
+            tools = tools.len(),
+            "toolbox ready"
+        );
+        self.publish(State::Ready, Some(tools));
+        let _ = self.slot.send(Slot::Serving(serving.clone()));
+        Ok(Running {
+            child,
+            events,
+            serving,
+            started: Instant::now(),
+        })
     }
 
     /// Compiles listed tools, logging each one left out.
@@ -476,7 +502,12 @@ impl Actor {
             tokio::select! {
                 exit = running.child.exited() => {
                     tracing::warn!(toolbox = self.id(), pid, "child exited ({exit})");
-                    return Ended::Exited(exit);
+                    return Ended::Exited(Down {
+                        exit,
+                        uptime: running.started.elapsed(),
+                        text: format!("exited ({exit})"),
+                        stderr: running.child.stderr_tail(),
+                    });
                 }
                 Some(event) = running.events.recv() => match event {
                     ChildEvent::ToolsChanged => self.refresh(&running, None).await,
@@ -580,7 +611,13 @@ impl Actor {
     }
 
     /// Applies the restart policy after an exit; `false` when the toolbox stays down.
-    async fn restart_after(&mut self, exit: ExitInfo, uptime: Duration, exit_text: String) -> bool {
+    async fn restart_after(&mut self, down: Down) -> bool {
+        let Down {
+            exit,
+            uptime,
+            text: exit_text,
+            stderr,
+        } = down;
         let restart = self.manifest.restart.clone();
         let wanted = match restart.policy {
             RestartPolicy::Always => true,
@@ -589,7 +626,11 @@ impl Actor {
         };
         if !wanted {
             let reason = format!("{exit_text}; restart policy is {:?}", restart.policy);
-            tracing::warn!(toolbox = self.id(), "not restarting: {reason}");
+            tracing::warn!(
+                toolbox = self.id(),
+                stderr_tail = %stderr.join("\n"),
+                "not restarting: {reason}"
+            );
             self.publish(
                 State::Failed {
                     reason: reason.clone(),
@@ -617,7 +658,11 @@ impl Actor {
                 "{exit_text}; more than {} restarts within {} s; next try in {} s",
                 restart.max_restarts, restart.window_s, restart.failed_retry_s
             );
-            tracing::error!(toolbox = self.id(), "failed: {reason}");
+            tracing::error!(
+                toolbox = self.id(),
+                stderr_tail = %stderr.join("\n"),
+                "failed: {reason}"
+            );
             self.publish(
                 State::Failed {
                     reason: reason.clone(),
