@@ -106,7 +106,7 @@ impl Supervisor {
                 Some(m) => {
                     tracing::info!(toolbox = %id, "reload: manifest changed; replacing the toolbox");
                     if let Some(old) = self.hosted.remove(&id) {
-                        old.handle.stop().await;
+                        let _ = old.handle.stop().await;
                     }
                     self.registry.remove(&id);
                     self.host(m);
@@ -128,7 +128,7 @@ impl Supervisor {
         }
         let registry = &self.registry;
         let stops = retire.into_iter().map(|h| async move {
-            h.stop().await;
+            let _ = h.stop().await;
             registry.remove(h.id());
         });
         join_all(stops).await;

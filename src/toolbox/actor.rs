@@ -1,0 +1,538 @@
+//! The toolbox actor: where a child is started, probed, restarted after a
+//! crash (under [`super::restart`]), swapped in a rolling restart, and stopped.
+//!
+//! The actor runs a small state machine of [`Phase`]s; in every phase it keeps
+//! answering its mailbox, so an operator's command or a refresh never waits
+//! behind a backoff.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+
+use super::restart::{Budget, Decision};
+use super::{Command, Outcome, Serving, Slot, State, Stats};
+use crate::child::{Child, ChildEvent, ExitInfo, RpcFailure};
+use crate::manifest::Manifest;
+use crate::mcp::ToolSpec;
+use crate::registry::{Registry, Tool, ToolSet};
+use crate::session::Session;
+
+/// How long a child gets to exit after its stdin closes, and again after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+/// Liveness probes missed in a row before the child is killed.
+const MAX_MISSED_PROBES: u32 = 3;
+
+type Reply = oneshot::Sender<Outcome>;
+
+/// What the actor is doing.
+enum Phase {
+    /// Start a child; answer the operator's command, if any, once it serves or failed.
+    Start(Option<Reply>),
+    /// Wait out a backoff delay, then start.
+    Backoff(Duration),
+    /// Stopped or failed: wait for an operator, or until the failed cool-down ends.
+    Idle(Option<Duration>),
+    /// Every handle is gone.
+    Exit,
+}
+
+/// A child that finished its handshake and listed its tools, not yet serving.
+struct Launched {
+    child: Child,
+    events: mpsc::UnboundedReceiver<ChildEvent>,
+    session: Session,
+    tools: Arc<ToolSet>,
+}
+
+/// The child serving calls.
+struct Running {
+    child: Child,
+    events: mpsc::UnboundedReceiver<ChildEvent>,
+    serving: Arc<Serving>,
+    started: Instant,
+}
+
+/// A child that went down, as the restart policy and the failure report need it.
+struct Down {
+    /// How it ended (`Code(-1)` when it never ran).
+    exit: ExitInfo,
+    /// How long it had served; a long run resets the backoff.
+    uptime: Duration,
+    /// What happened, in words, for status and errors.
+    text: String,
+    /// Its last stderr lines.
+    stderr: Vec<String>,
+}
+
+impl Down {
+    /// A child that could not finish its start: make sure it is gone, say why.
+    async fn of_failed_start(child: &Child, why: String) -> Down {
+        let exit = match tokio::time::timeout(Duration::from_millis(200), child.exited()).await {
+            Ok(exit) => exit,
+            Err(_) => {
+                child.signal_group(nix::sys::signal::Signal::SIGKILL);
+                child.exited().await
+            }
+        };
+        Down {
+            exit,
+            uptime: Duration::ZERO,
+            text: format!("failed to start ({why}; child {exit})"),
+            stderr: child.stderr_tail(),
+        }
+    }
+}
+
+pub(super) struct Actor {
+    /// The configuration this actor runs.
+    manifest: Manifest,
+    /// Where tools and state are published.
+    registry: Arc<Registry>,
+    /// Where the serving child is published for callers.
+    slot: watch::Sender<Slot>,
+    /// The mailbox.
+    commands: mpsc::Receiver<Command>,
+    /// Counters shared with handles.
+    stats: Arc<Stats>,
+    /// The protocol version to use without probing: the manifest's pin, or what
+    /// the last probe found (the era of a server does not change across restarts).
+    pin: Option<String>,
+    /// The last tool list, to skip rebuilding the catalog when nothing changed.
+    last_specs: Option<Vec<ToolSpec>>,
+    /// When the last refresh started, to answer queued refreshes at once.
+    last_refresh: Option<Instant>,
+    /// Restart history, for backoff and the restart budget.
+    budget: Budget,
+}
+
+impl Actor {
+    pub(super) fn new(
+        manifest: Manifest,
+        registry: Arc<Registry>,
+        slot: watch::Sender<Slot>,
+        commands: mpsc::Receiver<Command>,
+        stats: Arc<Stats>,
+    ) -> Actor {
+        Actor {
+            pin: manifest.protocol.clone(),
+            manifest,
+            registry,
+            slot,
+            commands,
+            stats,
+            last_specs: None,
+            last_refresh: None,
+            budget: Budget::default(),
+        }
+    }
+
+    fn id(&self) -> &str {
+        &self.manifest.id
+    }
+
+    fn publish(&self, state: State, tools: Option<Arc<ToolSet>>) {
+        self.registry.set(&self.manifest.id, state, tools);
+    }
+
+    fn set_stopped(&self) {
+        self.publish(State::Stopped, None);
+        let _ = self.slot.send(Slot::Stopped);
+        self.stats.set_ready(None);
+    }
+
+    pub(super) async fn run(mut self) {
+        let mut phase = if self.manifest.enabled {
+            Phase::Start(None)
+        } else {
+            self.set_stopped();
+            Phase::Idle(None)
+        };
+        loop {
+            phase = match phase {
+                Phase::Start(reply) => self.start(reply).await,
+                Phase::Backoff(delay) => self.backoff(delay).await,
+                Phase::Idle(retry) => self.idle(retry).await,
+                Phase::Exit => return,
+            };
+        }
+    }
+
+    async fn start(&mut self, reply: Option<Reply>) -> Phase {
+        match self.launch().await {
+            Ok(launched) => {
+                let running = self.promote(launched);
+                if let Some(reply) = reply {
+                    let _ = reply.send(Ok(format!("started, pid {}", running.child.pid())));
+                }
+                self.serve(running).await
+            }
+            Err(down) => {
+                tracing::error!(toolbox = self.id(), "{}", down.text);
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(down.text.clone()));
+                }
+                self.went_down(down)
+            }
+        }
+    }
+
+    /// Spawns a child, selects its era and lists its tools.
+    async fn launch(&mut self) -> Result<Launched, Down> {
+        let limits = &self.manifest.limits;
+        let probe_timeout = Duration::from_secs(limits.probe_timeout_s);
+        let request_timeout = Duration::from_secs(limits.call_timeout_s);
+        let mut attempt = 0;
+        let (child, events, session) = loop {
+            attempt += 1;
+            let (child, events) = Child::spawn(&self.manifest).map_err(|e| Down {
+                exit: ExitInfo::Code(-1),
+                uptime: Duration::ZERO,
+                text: format!("failed to start: {e}"),
+                stderr: Vec::new(),
+            })?;
+            tracing::info!(toolbox = self.id(), pid = child.pid(), "child spawned");
+            let opened = Session::open(
+                child.rpc().clone(),
+                self.pin.as_deref(),
+                probe_timeout,
+                request_timeout,
+            )
+            .await;
+            match opened {
+                Ok(session) => break (child, events, session),
+                // A legacy child may die of the unknown `server/discover` probe:
+                // start it again and go straight to `initialize`.
+                Err(e) if e.child_died() && self.pin.is_none() && attempt == 1 => {
+                    tracing::info!(
+                        toolbox = self.id(),
+                        pid = child.pid(),
+                        "child ended during the era probe ({e}); retrying as legacy MCP"
+                    );
+                    self.pin = Some(crate::manifest::LEGACY_VERSIONS[0].to_owned());
+                }
+                Err(e) => {
+                    // Probe again next time: the guess above may have been wrong.
+                    self.pin = self.manifest.protocol.clone();
+                    return Err(Down::of_failed_start(&child, format!("handshake: {e}")).await);
+                }
+            }
+        };
+        self.pin = Some(session.era().version().to_owned());
+        let (specs, problems) = match session.list_tools(request_timeout).await {
+            Ok(listed) => listed,
+            Err(e) => {
+                return Err(Down::of_failed_start(&child, format!("listing tools: {e}")).await)
+            }
+        };
+        for problem in problems {
+            tracing::warn!(
+                toolbox = self.id(),
+                pid = child.pid(),
+                "tool left out: {problem}"
+            );
+        }
+        let tools = self.compile(specs);
+        Ok(Launched {
+            child,
+            events,
+            session,
+            tools,
+        })
+    }
+
+    /// Makes a launched child the serving one: tools and slot are published
+    /// together, so callers see the new catalog and the new child at once.
+    fn promote(&mut self, launched: Launched) -> Running {
+        let pid = launched.child.pid();
+        let serving = Arc::new(Serving {
+            session: launched.session,
+            pid,
+            permits: Semaphore::new(self.manifest.limits.max_concurrent_calls),
+        });
+        tracing::info!(
+            toolbox = self.id(),
+            pid,
+            era = %serving.session.era(),
+            tools = launched.tools.len(),
+            "toolbox ready"
+        );
+        self.publish(State::Ready, Some(launched.tools));
+        let _ = self.slot.send(Slot::Serving(serving.clone()));
+        self.stats.set_ready(Some(Instant::now()));
+        Running {
+            child: launched.child,
+            events: launched.events,
+            serving,
+            started: Instant::now(),
+        }
+    }
+
+    /// Compiles listed tools, logging each one left out.
+    fn compile(&mut self, specs: Vec<ToolSpec>) -> Arc<ToolSet> {
+        self.last_specs = Some(specs.clone());
+        let tools = specs
+            .into_iter()
+            .filter_map(|spec| {
+                let name = spec.name.clone();
+                Tool::compile(&self.manifest.id, spec)
+                    .map_err(|why| {
+                        tracing::warn!(toolbox = self.id(), tool = %name, "tool left out: {why}")
+                    })
+                    .ok()
+            })
+            .collect();
+        let (set, dropped) = ToolSet::new(tools);
+        for name in dropped {
+            tracing::warn!(toolbox = self.id(), tool = %name, "tool left out: its name is listed twice");
+        }
+        Arc::new(set)
+    }
+
+    /// Serves until the child exits, the toolbox is stopped, or every handle is gone.
+    async fn serve(&mut self, mut running: Running) -> Phase {
+        let limits = &self.manifest.limits;
+        let probe_every = Duration::from_secs(limits.probe_interval_s);
+        let probe_timeout = Duration::from_secs(limits.probe_timeout_s);
+        let mut probe =
+            tokio::time::interval_at(tokio::time::Instant::now() + probe_every, probe_every);
+        let mut missed = 0;
+        loop {
+            let pid = running.child.pid();
+            tokio::select! {
+                exit = running.child.exited() => {
+                    tracing::warn!(toolbox = self.id(), pid, "child exited ({exit})");
+                    return self.went_down(Down {
+                        exit,
+                        uptime: running.started.elapsed(),
+                        text: format!("exited ({exit})"),
+                        stderr: running.child.stderr_tail(),
+                    });
+                }
+                Some(event) = running.events.recv() => match event {
+                    ChildEvent::ToolsChanged => self.refresh(&running, None).await,
+                },
+                command = self.commands.recv() => match command {
+                    Some(Command::Refresh { requested, done }) => {
+                        self.refresh(&running, Some(requested)).await;
+                        let _ = done.send(());
+                    }
+                    Some(Command::Stop { done }) => {
+                        self.set_stopped();
+                        let exit = drain_and_stop(running, &self.manifest).await;
+                        let _ = done.send(Ok(format!("stopped pid {pid} ({exit})")));
+                        return Phase::Idle(None);
+                    }
+                    Some(Command::Start { done }) => {
+                        let _ = done.send(Ok(format!("already running, pid {pid}")));
+                    }
+                    Some(Command::Restart { done }) => {
+                        match self.launch().await {
+                            Ok(launched) => {
+                                let old = std::mem::replace(&mut running, self.promote(launched));
+                                self.stats.restarts.fetch_add(1, Ordering::Relaxed);
+                                missed = 0;
+                                let new_pid = running.child.pid();
+                                let _ = done.send(Ok(format!("restarted: pid {pid} -> {new_pid}; pid {pid} drains its calls")));
+                                let manifest = self.manifest.clone();
+                                tokio::spawn(async move { drain_and_stop(old, &manifest).await });
+                            }
+                            Err(down) => {
+                                tracing::warn!(toolbox = self.id(), pid, "rolling restart failed; the old child keeps serving: {}", down.text);
+                                let _ = done.send(Err(format!("restart failed, pid {pid} keeps serving: {}", down.text)));
+                            }
+                        }
+                    }
+                    None => {
+                        self.set_stopped();
+                        drain_and_stop(running, &self.manifest).await;
+                        return Phase::Exit;
+                    }
+                },
+                _ = probe.tick() => {
+                    match tokio::time::timeout(probe_timeout, running.serving.session.probe()).await {
+                        // An error answer is still an answer: the child is alive.
+                        Ok(Ok(())) | Ok(Err(RpcFailure::Rpc(_))) => missed = 0,
+                        _ => {
+                            missed += 1;
+                            tracing::warn!(toolbox = self.id(), pid, missed, "liveness probe missed");
+                            if missed >= MAX_MISSED_PROBES {
+                                tracing::error!(toolbox = self.id(), pid, "child stopped answering its liveness probe; killing it");
+                                running.child.signal_group(nix::sys::signal::Signal::SIGKILL);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lists the tools again and publishes them if they changed. A refresh
+    /// requested before the last one started is already answered by it.
+    async fn refresh(&mut self, running: &Running, requested: Option<Instant>) {
+        if let (Some(requested), Some(last)) = (requested, self.last_refresh) {
+            if last >= requested {
+                return;
+            }
+        }
+        self.last_refresh = Some(Instant::now());
+        let limit = Duration::from_secs(self.manifest.limits.call_timeout_s);
+        match running.serving.session.list_tools(limit).await {
+            Ok((specs, _)) if self.last_specs.as_ref() == Some(&specs) => {}
+            Ok((specs, problems)) => {
+                for problem in problems {
+                    tracing::warn!(toolbox = self.id(), "tool left out: {problem}");
+                }
+                let tools = self.compile(specs);
+                tracing::info!(
+                    toolbox = self.id(),
+                    tools = tools.len(),
+                    "tool list changed"
+                );
+                self.publish(State::Ready, Some(tools));
+            }
+            Err(e) => tracing::warn!(toolbox = self.id(), "tool refresh failed: {e}"),
+        }
+    }
+
+    /// Applies the restart policy to a child that went down.
+    fn went_down(&mut self, down: Down) -> Phase {
+        self.stats.set_ready(None);
+        self.stats.set_last_exit(down.text.clone());
+        let knobs = &self.manifest.restart;
+        match self.budget.after_exit(knobs, down.exit, down.uptime) {
+            Decision::RestartAfter(delay) => {
+                tracing::info!(
+                    toolbox = self.id(),
+                    delay_ms = delay.as_millis() as u64,
+                    "restarting after the child {}",
+                    down.text
+                );
+                self.stats.restarts.fetch_add(1, Ordering::Relaxed);
+                self.publish(
+                    State::Restarting {
+                        last_exit: down.text,
+                    },
+                    None,
+                );
+                let _ = self.slot.send(Slot::Waiting);
+                Phase::Backoff(delay)
+            }
+            Decision::Failed => {
+                let reason = format!(
+                    "the child {}; more than {} restarts within {} s; next try in {} s \
+                     (or toolboxd ctl start {})",
+                    down.text,
+                    knobs.max_restarts,
+                    knobs.window_s,
+                    knobs.failed_retry_s,
+                    self.id()
+                );
+                let retry = Duration::from_secs(knobs.failed_retry_s);
+                self.fail(reason, &down.stderr);
+                Phase::Idle(Some(retry))
+            }
+            Decision::StayDown => {
+                let reason = format!(
+                    "the child {}; restart policy {:?} does not restart it",
+                    down.text, knobs.policy
+                );
+                self.fail(reason, &down.stderr);
+                Phase::Idle(None)
+            }
+        }
+    }
+
+    fn fail(&self, reason: String, stderr: &[String]) {
+        tracing::error!(
+            toolbox = self.id(),
+            stderr_tail = %stderr.join("\n"),
+            "failed: {reason}"
+        );
+        self.publish(
+            State::Failed {
+                reason: reason.clone(),
+            },
+            None,
+        );
+        let _ = self.slot.send(Slot::Failed(reason));
+    }
+
+    /// Waits out a restart delay; an operator's start or restart skips it.
+    async fn backoff(&mut self, delay: Duration) -> Phase {
+        let sleep = tokio::time::sleep(delay);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => return Phase::Start(None),
+                command = self.commands.recv() => match command {
+                    Some(Command::Refresh { done, .. }) => { let _ = done.send(()); }
+                    Some(Command::Stop { done }) => {
+                        self.set_stopped();
+                        let _ = done.send(Ok("stopped (it was waiting to restart)".to_owned()));
+                        return Phase::Idle(None);
+                    }
+                    Some(Command::Start { done }) | Some(Command::Restart { done }) => {
+                        return Phase::Start(Some(done));
+                    }
+                    None => return Phase::Exit,
+                },
+            }
+        }
+    }
+
+    /// Stopped or failed: waits for an operator's start, or for `retry` to pass.
+    async fn idle(&mut self, retry: Option<Duration>) -> Phase {
+        let far = Duration::from_secs(60 * 60 * 24 * 365);
+        let sleep = tokio::time::sleep(retry.unwrap_or(far));
+        tokio::pin!(sleep);
+        let mut retrying = retry.is_some();
+        loop {
+            tokio::select! {
+                _ = &mut sleep, if retrying => {
+                    tracing::info!(toolbox = self.id(), "failed cool-down over; starting again");
+                    self.budget.reset();
+                    return Phase::Start(None);
+                }
+                command = self.commands.recv() => match command {
+                    Some(Command::Refresh { done, .. }) => { let _ = done.send(()); }
+                    Some(Command::Stop { done }) => {
+                        self.set_stopped();
+                        retrying = false;
+                        let _ = done.send(Ok("stopped".to_owned()));
+                    }
+                    Some(Command::Start { done }) | Some(Command::Restart { done }) => {
+                        self.budget.reset();
+                        self.publish(State::Starting, None);
+                        let _ = self.slot.send(Slot::Waiting);
+                        return Phase::Start(Some(done));
+                    }
+                    None => return Phase::Exit,
+                },
+            }
+        }
+    }
+}
+
+/// Lets a child that no longer receives new calls finish the ones it has
+/// (within `drain_timeout_s`), then stops it. Returns how it exited.
+async fn drain_and_stop(running: Running, manifest: &Manifest) -> ExitInfo {
+    // Callers still queued for a permit look for the serving child again.
+    running.serving.permits.close();
+    let deadline = Instant::now() + Duration::from_secs(manifest.limits.drain_timeout_s);
+    let rpc = running.serving.session.rpc();
+    while rpc.in_flight() > 0 && Instant::now() < deadline {
+        tokio::select! {
+            _ = running.child.exited() => break,
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
+    let exit = running.child.stop(STOP_GRACE).await;
+    tracing::info!(
+        toolbox = %manifest.id,
+        pid = running.child.pid(),
+        "child stopped ({exit})"
+    );
+    exit
+}
