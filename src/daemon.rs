@@ -9,6 +9,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 
 use crate::bus::{self, client, server};
+use crate::control;
 use crate::registry::Registry;
 use crate::service::Service;
 use crate::shutdown::ShutdownTrigger;
@@ -32,6 +33,8 @@ pub struct RunOptions {
     pub manifests: Vec<PathBuf>,
     /// The bus to use.
     pub bus: BusMode,
+    /// Where the control socket is created.
+    pub control: PathBuf,
 }
 
 /// Why the daemon could not run.
@@ -44,6 +47,8 @@ pub enum DaemonError {
     },
     #[error(transparent)]
     Bus(#[from] client::BusError),
+    #[error(transparent)]
+    Control(#[from] control::ControlError),
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
 }
@@ -65,6 +70,9 @@ async fn embed(
 /// Runs the daemon until SIGTERM or SIGINT.
 pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     let (trigger, shutdown) = ShutdownTrigger::new();
+    // First, so that a second daemon on the same socket refuses before it
+    // starts anything.
+    let control_listener = control::bind(&options.control).await?;
     let mut terminate = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
     let mut interrupt = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
     let mut hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
@@ -105,6 +113,15 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
         shutdown.clone(),
     ));
 
+    let (control_tx, mut control_rx) = mpsc::channel(8);
+    tokio::spawn(control::serve(
+        control_listener,
+        options.control.clone(),
+        control_tx,
+        shutdown.clone(),
+    ));
+    tracing::info!(path = %options.control.display(), "control socket listening");
+
     supervisor.wait_started().await;
     let _ = connected.wait_for(|up| *up).await;
     let catalog = registry.snapshot();
@@ -127,6 +144,10 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
                 let report = supervisor.reload().await;
                 let _ = reply.send(report);
             }
+            Some(request) = control_rx.recv() => {
+                let answer = operate(&mut supervisor, &registry, request.method).await;
+                let _ = request.reply.send(answer);
+            }
         }
     }
     tracing::info!("shutting down: draining calls and stopping toolboxes");
@@ -135,4 +156,34 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     let _ = bus_task.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Carries out one operator request from the control socket.
+async fn operate(
+    supervisor: &mut Supervisor,
+    registry: &Registry,
+    method: control::Method,
+) -> Result<serde_json::Value, String> {
+    use control::Method;
+    let toolbox = |id: &str| {
+        supervisor
+            .handle(id)
+            .ok_or_else(|| format!("no toolbox {id:?} is hosted here; see toolboxd ctl status"))
+    };
+    let outcome = match method {
+        Method::Status => return Ok(control::status(&registry.snapshot())),
+        Method::Reload => {
+            let report = supervisor.reload().await;
+            let errors: Vec<_> = report
+                .errors
+                .iter()
+                .map(|(manifest, error)| serde_json::json!({"manifest": manifest, "error": error}))
+                .collect();
+            return Ok(serde_json::json!({"loaded": report.loaded, "errors": errors}));
+        }
+        Method::Restart(id) => toolbox(&id)?.restart().await,
+        Method::Stop(id) => toolbox(&id)?.stop().await,
+        Method::Start(id) => toolbox(&id)?.start().await,
+    };
+    outcome.map(serde_json::Value::String)
 }

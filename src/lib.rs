@@ -17,6 +17,7 @@
 //!   die with the daemon.
 //! - [`mcp`]: JSON-RPC and MCP model types and result mapping (pure).
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
+//! - [`control`]: the control socket and `toolboxd ctl`.
 //! - [`check`], [`caller`]: the `check`, `list` and `call` commands.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
@@ -24,6 +25,7 @@ pub mod bus;
 pub mod caller;
 pub mod check;
 pub mod child;
+pub mod control;
 pub mod daemon;
 pub mod leader;
 pub mod manifest;

@@ -33,6 +33,24 @@ enum LogFormat {
 }
 
 #[derive(Subcommand)]
+enum CtlAction {
+    /// One row per toolbox: state, pids, uptime, restarts, calls, latency.
+    Status {
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rolling restart of one toolbox: no call fails.
+    Restart { id: String },
+    /// Drain and stop one toolbox.
+    Stop { id: String },
+    /// Start a stopped or failed toolbox.
+    Start { id: String },
+    /// Re-read the manifests and apply the difference.
+    Reload,
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Run the daemon.
     Run {
@@ -45,6 +63,18 @@ enum Command {
         /// Serve an embedded bus on this address (port 0 picks a free port).
         #[arg(long)]
         embedded_bus: Option<SocketAddr>,
+        /// The control socket (default: $XDG_RUNTIME_DIR/toolboxd.sock, or
+        /// /run/toolboxd.sock as root, or /tmp/toolboxd-UID.sock).
+        #[arg(long)]
+        control: Option<PathBuf>,
+    },
+    /// Operate a running daemon through its control socket.
+    Ctl {
+        /// The daemon's control socket (default as for `run`).
+        #[arg(long)]
+        control: Option<PathBuf>,
+        #[command(subcommand)]
+        action: CtlAction,
     },
     /// Validate manifests; --probe also starts each child and lists its tools.
     Check {
@@ -147,14 +177,46 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             manifests,
             bus,
             embedded_bus,
+            control,
         } => {
+            let control = control.unwrap_or_else(toolboxd::control::default_path);
             let bus = match (bus, embedded_bus) {
                 (Some(url), _) => BusMode::Connect(url),
                 (None, Some(addr)) => BusMode::Embedded(addr),
                 (None, None) => BusMode::Auto,
             };
-            daemon::run(RunOptions { manifests, bus }).await?;
+            daemon::run(RunOptions {
+                manifests,
+                bus,
+                control,
+            })
+            .await?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Ctl { control, action } => {
+            let path = control.unwrap_or_else(toolboxd::control::default_path);
+            let (method, params) = match &action {
+                CtlAction::Status { .. } => ("status", Value::Null),
+                CtlAction::Restart { id } => ("restart", serde_json::json!({"id": id})),
+                CtlAction::Stop { id } => ("stop", serde_json::json!({"id": id})),
+                CtlAction::Start { id } => ("start", serde_json::json!({"id": id})),
+                CtlAction::Reload => ("reload", Value::Null),
+            };
+            let result = toolboxd::control::request(&path, method, params).await?;
+            match (&action, &result) {
+                (CtlAction::Status { json: false }, rows) => {
+                    print!("{}", toolboxd::control::status_table(rows))
+                }
+                (_, Value::String(text)) => println!("{text}"),
+                (_, other) => println!("{}", serde_json::to_string_pretty(other)?),
+            }
+            let reload_failed = matches!(action, CtlAction::Reload)
+                && result["errors"].as_array().is_some_and(|e| !e.is_empty());
+            Ok(if reload_failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Command::Check { manifests, probe } => {
             let ok = toolboxd::check::check(&manifests, probe, &mut std::io::stdout()).await;

@@ -63,6 +63,11 @@ impl Supervisor {
             .insert(manifest.id.clone(), Hosted { manifest, handle });
     }
 
+    /// The handle of toolbox `id`.
+    pub fn handle(&self, id: &str) -> Option<ToolboxHandle> {
+        self.hosted.get(id).map(|h| h.handle.clone())
+    }
+
     /// Handles of every hosted toolbox.
     pub fn handles(&self) -> impl Iterator<Item = &ToolboxHandle> {
         self.hosted.values().map(|h| &h.handle)

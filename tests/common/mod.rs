@@ -85,6 +85,10 @@ pub fn fixture_manifest(id: &str, extra: &str) -> String {
 pub struct Daemon {
     pub child: Child,
     pub url: String,
+    /// Its control socket.
+    pub control: PathBuf,
+    /// Holds the control socket's directory.
+    _control_dir: TempDir,
     /// Every stderr line so far (JSON log lines).
     pub logs: Arc<Mutex<Vec<String>>>,
 }
@@ -102,10 +106,14 @@ impl Daemon {
 
     /// Starts `toolboxd run` with these arguments and waits for "ready".
     pub fn start_with(args: &[&str]) -> Daemon {
+        let control_dir = TempDir::new("ctl");
+        let control = control_dir.path().join("ctl.sock");
         let mut child = Command::new(BIN)
             .arg("--log-format")
             .arg("json")
             .arg("run")
+            .arg("--control")
+            .arg(&control)
             .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -149,7 +157,54 @@ impl Daemon {
         Daemon {
             child,
             url: url.expect("ready line names the bus"),
+            control,
+            _control_dir: control_dir,
             logs,
+        }
+    }
+
+    /// `toolboxd ctl --control <ours> ARGS`: (exit code, stdout, stderr).
+    pub fn ctl(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(BIN)
+            .arg("ctl")
+            .arg("--control")
+            .arg(&self.control)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// `ctl status --json`, the row of toolbox `id`.
+    pub fn status(&self, id: &str) -> Value {
+        let (code, out, err) = self.ctl(&["status", "--json"]);
+        assert_eq!(code, 0, "ctl status failed: {err}");
+        let rows: Value = serde_json::from_str(&out).unwrap();
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["id"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {id} in status: {out}"))
+    }
+
+    /// Waits until toolbox `id` is in `state` (polling status).
+    pub fn wait_for_state(&self, id: &str, state: &str, timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let row = self.status(id);
+            if row["state"] == state {
+                return row;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{id} never became {state}: {row}"
+            );
+            std::thread::sleep(Duration::from_millis(25));
         }
     }
 

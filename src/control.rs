@@ -1,0 +1,310 @@
+//! The control socket: a Unix socket (mode 0600) speaking line-delimited
+//! JSON-RPC, through which `toolboxd ctl` reads status and restarts, stops,
+//! starts and reloads toolboxes; and that client.
+//!
+//! The server only decodes requests; the daemon's main loop carries them out
+//! (see [`crate::daemon`]), one at a time, so operator actions never race.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::registry::Catalog;
+use crate::shutdown::Shutdown;
+use crate::toolbox::State;
+
+/// An operator request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Method {
+    Status,
+    Restart(String),
+    Stop(String),
+    Start(String),
+    Reload,
+}
+
+/// A request for the daemon's main loop, with where to send the answer.
+pub struct Request {
+    /// What to do.
+    pub method: Method,
+    /// The result (JSON), or why it could not be done.
+    pub reply: oneshot::Sender<Result<Value, String>>,
+}
+
+/// Why the control socket cannot be served or reached.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("another toolboxd is running on the control socket {0}; stop it first, or give this one another --control PATH")]
+    InUse(PathBuf),
+    #[error("cannot create the control socket {path}: {source}")]
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot reach toolboxd on {path}: {source}; is the daemon running with this --control path?")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("control socket {path}: {why}")]
+    Protocol { path: PathBuf, why: String },
+}
+
+/// Where the control socket lives unless `--control` says otherwise:
+/// `$XDG_RUNTIME_DIR/toolboxd.sock`, else `/run/toolboxd.sock` for root, else
+/// `/tmp/toolboxd-<uid>.sock`.
+pub fn default_path() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return Path::new(&dir).join("toolboxd.sock");
+    }
+    let uid = nix::unistd::getuid();
+    if uid.is_root() {
+        PathBuf::from("/run/toolboxd.sock")
+    } else {
+        PathBuf::from(format!("/tmp/toolboxd-{uid}.sock"))
+    }
+}
+
+/// Creates the socket with mode 0600. A live daemon on the path is an error; a
+/// socket file left by a dead one is replaced.
+pub async fn bind(path: &Path) -> Result<UnixListener, ControlError> {
+    if path.exists() {
+        match UnixStream::connect(path).await {
+            Ok(_) => return Err(ControlError::InUse(path.to_owned())),
+            Err(_) => {
+                tracing::info!(path = %path.display(), "removing a stale control socket");
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+    // The socket is created with the process umask: make it private from the
+    // first moment rather than chmod it afterwards.
+    let old = nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(path);
+    nix::sys::stat::umask(old);
+    bound.map_err(|source| ControlError::Bind {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Serves connections until shutdown, then removes the socket file.
+pub async fn serve(
+    listener: UnixListener,
+    path: PathBuf,
+    requests: mpsc::Sender<Request>,
+    mut shutdown: Shutdown,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.recv() => break,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                tokio::spawn(connection(stream, requests.clone()));
+            }
+            Err(e) => {
+                tracing::warn!("control socket accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Longest request line accepted.
+const MAX_REQUEST: u64 = 64 * 1024;
+
+async fn connection(stream: UnixStream, requests: mpsc::Sender<Request>) {
+    let (read, mut write) = stream.into_split();
+    let mut lines = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST)).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let answer = answer(&line, &requests).await;
+        let mut out = answer.to_string();
+        out.push('\n');
+        if write.write_all(out.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn answer(line: &str, requests: &mpsc::Sender<Request>) -> Value {
+    let request: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => return rpc_error(Value::Null, -32700, &format!("not JSON: {e}")),
+    };
+    let id = request.get("id").cloned().unwrap_or(Value::Null);
+    let method = match parse_method(&request) {
+        Ok(m) => m,
+        Err(e) => return rpc_error(id, -32602, &e),
+    };
+    let (reply, wait) = oneshot::channel();
+    if requests.send(Request { method, reply }).await.is_err() {
+        return rpc_error(id, -32000, "the daemon is shutting down");
+    }
+    match wait.await {
+        Ok(Ok(result)) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Ok(Err(e)) => rpc_error(id, -32000, &e),
+        Err(_) => rpc_error(id, -32000, "the daemon is shutting down"),
+    }
+}
+
+fn rpc_error(id: Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+fn parse_method(request: &Value) -> Result<Method, String> {
+    let method = request
+        .get("method")
+        .and_then(Value::as_str)
+        .ok_or("no method")?;
+    let id = || {
+        request
+            .get("params")
+            .and_then(|p| p.get("id"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| format!("{method} needs params.id (a toolbox id)"))
+    };
+    Ok(match method {
+        "status" => Method::Status,
+        "reload" => Method::Reload,
+        "restart" => Method::Restart(id()?),
+        "stop" => Method::Stop(id()?),
+        "start" => Method::Start(id()?),
+        other => {
+            return Err(format!(
+                "unknown method {other:?}; use status, restart, stop, start or reload"
+            ))
+        }
+    })
+}
+
+/// One object per hosted toolbox, as `ctl status --json` prints it.
+pub fn status(catalog: &Catalog) -> Value {
+    let rows: Vec<Value> = catalog
+        .toolboxes()
+        .map(|(id, entry)| {
+            let s = entry.handle.stats().snapshot();
+            let reason = match &entry.state {
+                State::Failed { reason } => Some(reason.clone()),
+                State::Restarting { last_exit } => Some(last_exit.clone()),
+                _ => None,
+            };
+            let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+            json!({
+                "id": id,
+                "state": entry.state.name(),
+                "reason": reason,
+                "pids": entry.handle.pid().into_iter().collect::<Vec<_>>(),
+                "tools": entry.tools.len(),
+                "restarts": s.restarts,
+                "last_exit": s.last_exit,
+                "uptime_s": s.uptime.map(|u| u.as_secs()),
+                "calls_ok": s.calls_ok,
+                "calls_err": s.calls_err,
+                "in_flight": s.in_flight,
+                "p50_ms": ms(s.p50),
+                "p99_ms": ms(s.p99),
+            })
+        })
+        .collect();
+    Value::Array(rows)
+}
+
+/// Sends one request to the daemon on `path` and returns its result.
+pub async fn request(path: &Path, method: &str, params: Value) -> Result<Value, ControlError> {
+    let stream = UnixStream::connect(path)
+        .await
+        .map_err(|source| ControlError::Connect {
+            path: path.to_owned(),
+            source,
+        })?;
+    let (read, mut write) = stream.into_split();
+    let mut line =
+        json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+    line.push('\n');
+    let protocol = |why: String| ControlError::Protocol {
+        path: path.to_owned(),
+        why,
+    };
+    write
+        .write_all(line.as_bytes())
+        .await
+        .map_err(|e| protocol(e.to_string()))?;
+    let answer = BufReader::new(read)
+        .lines()
+        .next_line()
+        .await
+        .map_err(|e| protocol(e.to_string()))?
+        .ok_or_else(|| protocol("the daemon closed the connection".to_owned()))?;
+    let answer: Value = serde_json::from_str(&answer).map_err(|e| protocol(e.to_string()))?;
+    if let Some(error) = answer.get("error") {
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("error");
+        return Err(protocol(message.to_owned()));
+    }
+    Ok(answer.get("result").cloned().unwrap_or(Value::Null))
+}
+
+/// `ctl status` as a table.
+pub fn status_table(rows: &Value) -> String {
+    let mut out = format!(
+        "{:<16} {:<10} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
+        "ID",
+        "STATE",
+        "PID",
+        "UPTIME",
+        "TOOLS",
+        "RESTARTS",
+        "CALLS_OK",
+        "CALLS_ERR",
+        "FLIGHT",
+        "P50_MS",
+        "P99_MS",
+        "LAST_EXIT"
+    );
+    for r in rows.as_array().into_iter().flatten() {
+        let num = |k: &str| r[k].as_u64().map_or("-".to_owned(), |v| v.to_string());
+        let ms = |k: &str| r[k].as_f64().map_or("-".to_owned(), |v| format!("{v:.2}"));
+        let pids = r["pids"]
+            .as_array()
+            .map(|p| {
+                p.iter()
+                    .map(|v| v.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "-".to_owned());
+        let uptime = r["uptime_s"]
+            .as_u64()
+            .map_or("-".to_owned(), |s| format!("{s}s"));
+        let last = r["reason"]
+            .as_str()
+            .or(r["last_exit"].as_str())
+            .unwrap_or("-");
+        out.push_str(&format!(
+            "{:<16} {:<10} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
+            r["id"].as_str().unwrap_or("?"),
+            r["state"].as_str().unwrap_or("?"),
+            pids,
+            uptime,
+            num("tools"),
+            num("restarts"),
+            num("calls_ok"),
+            num("calls_err"),
+            num("in_flight"),
+            ms("p50_ms"),
+            ms("p99_ms"),
+            last
+        ));
+    }
+    out
+}
