@@ -609,11 +609,10 @@ async fn forward_stderr(
     stderr: tokio::process::ChildStderr,
     tail: StderrTail,
 ) {
+    let budget = Arc::new(FloodBudget::default());
+    tokio::spawn(report_floods(toolbox.clone(), pid, Arc::downgrade(&budget)));
     let mut reader = BufReader::new(stderr);
     let mut line = Vec::new();
-    let mut window = tokio::time::Instant::now();
-    let mut logged = 0u32;
-    let mut suppressed = 0u64;
     loop {
         line.clear();
         // Read at most STDERR_LINE_MAX bytes of a line; skip the rest of it.
@@ -640,23 +639,36 @@ async fn forward_stderr(
             }
             tail.push_back(text.to_owned());
         }
-        if window.elapsed() >= Duration::from_secs(1) {
-            if suppressed > 0 {
-                tracing::warn!(toolbox = %toolbox, pid, suppressed, "stderr flood: lines not logged (more than {STDERR_LINES_PER_SECOND} a second)");
-            }
-            window = tokio::time::Instant::now();
-            logged = 0;
-            suppressed = 0;
-        }
-        if logged < STDERR_LINES_PER_SECOND {
-            logged += 1;
+        if budget.logged.fetch_add(1, Ordering::Relaxed) < STDERR_LINES_PER_SECOND {
             tracing::info!(target: "toolboxd::stderr", toolbox = %toolbox, pid, "{text}");
         } else {
-            suppressed += 1;
+            budget.suppressed.fetch_add(1, Ordering::Relaxed);
         }
     }
-    if suppressed > 0 {
-        tracing::warn!(toolbox = %toolbox, pid, suppressed, "stderr flood: lines not logged (more than {STDERR_LINES_PER_SECOND} a second)");
+}
+
+/// Stderr lines logged in the current second, and those dropped.
+#[derive(Default)]
+struct FloodBudget {
+    logged: std::sync::atomic::AtomicU32,
+    suppressed: AtomicU64,
+}
+
+/// Once a second: renews the stderr budget and says how many lines it dropped.
+/// Ends with the forwarder (when the budget is gone).
+async fn report_floods(toolbox: String, pid: u32, budget: std::sync::Weak<FloodBudget>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(budget) = budget.upgrade() else {
+            return;
+        };
+        budget.logged.store(0, Ordering::Relaxed);
+        let suppressed = budget.suppressed.swap(0, Ordering::Relaxed);
+        if suppressed > 0 {
+            tracing::warn!(toolbox = %toolbox, pid, suppressed, "stderr flood: lines not logged (more than {STDERR_LINES_PER_SECOND} a second)");
+        }
     }
 }
 
