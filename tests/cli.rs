@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{math_manifest, text_manifest, Bus, Daemon, TempDir, BIN};
+use common::{math_manifest, start_bus, text_manifest, Bus, Daemon, TempDir, BIN};
 use serde_json::{json, Value};
 
 fn toolboxd(args: &[&str]) -> (i32, String, String) {
@@ -248,23 +248,6 @@ fn run_reports_a_bad_manifest_and_serves_the_good_ones() {
         .unwrap()
         .contains("bad.toml:1"));
     assert!(daemon.stop().success());
-}
-
-/// Starts `toolboxd bus` on `port` and waits until it listens.
-fn start_bus(port: u16) -> std::process::Child {
-    let mut bus = std::process::Command::new(BIN)
-        .args(["bus", "--listen", &format!("127.0.0.1:{port}")])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = bus.stderr.take().unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
-    assert!(lines
-        .by_ref()
-        .map_while(Result::ok)
-        .any(|l| l.contains("messagebus listening")));
-    std::thread::spawn(move || lines.for_each(drop));
-    bus
 }
 
 #[tokio::test]

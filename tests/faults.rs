@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{math_manifest, repo, Bus, Daemon, TempDir};
+use common::{free_port, math_manifest, repo, start_bus, Bus, Daemon, TempDir};
 use serde_json::{json, Value};
 
 /// A manifests directory with the fault fixture (`faulty`) and a neighbour (`math`).
@@ -466,4 +466,37 @@ async fn sigkill_of_the_daemon_leaves_no_process_behind() {
     daemon.child.kill().unwrap();
     daemon.child.wait().unwrap();
     wait_until_gone(&s.mark, Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn sigterm_lets_calls_in_flight_finish_before_exiting() {
+    let port = free_port();
+    let mut bus_process = start_bus(port);
+    let url = format!("ws://127.0.0.1:{port}/core");
+    let dir = TempDir::new("drain");
+    dir.write("math.toml", &math_manifest("math"));
+    let mut daemon =
+        Daemon::start_with(&["--manifests", dir.path().to_str().unwrap(), "--bus", &url]);
+    let mut bus = Bus::connect(&url).await;
+    bus.send(
+        "ovos.tools.invoke",
+        json!({"name": "sleep", "args": {"seconds": 1}}),
+        json!({"mark": "long"}),
+    )
+    .await;
+    // Readiness: the daemon counts the call in flight.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while daemon.status("math")["in_flight"] != 1 {
+        assert!(Instant::now() < deadline, "the call never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stopping = std::thread::spawn(move || daemon.stop());
+    let answers = bus
+        .collect("ovos.tools.invoke.response", "long", Duration::from_secs(5))
+        .await;
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answers[0]["data"]["result"], json!({"slept": 1}));
+    assert!(stopping.join().unwrap().success());
+    bus_process.kill().unwrap();
+    bus_process.wait().unwrap();
 }

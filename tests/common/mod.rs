@@ -347,3 +347,29 @@ impl Bus {
         }
     }
 }
+
+/// A free loopback port (bound to port 0 and read back, then released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `toolboxd bus` on `port` and waits until it says it listens.
+pub fn start_bus(port: u16) -> Child {
+    let mut bus = Command::new(BIN)
+        .args(["bus", "--listen", &format!("127.0.0.1:{port}")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = bus.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    assert!(lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains("messagebus listening")));
+    std::thread::spawn(move || lines.for_each(drop));
+    bus
+}
