@@ -10,10 +10,11 @@ use tokio::sync::{mpsc, watch};
 
 use crate::bus::{self, client, server};
 use crate::control;
+use crate::notify::Notifier;
 use crate::registry::Registry;
 use crate::service::Service;
 use crate::shutdown::ShutdownTrigger;
-use crate::supervisor::Supervisor;
+use crate::supervisor::{ReloadReport, Supervisor};
 
 /// Which bus the daemon uses.
 #[derive(Debug, Clone)]
@@ -132,24 +133,38 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
         "ready"
     );
 
+    let notifier = Notifier::from_env();
+    notifier.send(&format!(
+        "READY=1\nSTATUS=serving {} toolboxes",
+        catalog.toolboxes().count()
+    ));
+    // The watchdog is pinged from this loop, so a stuck loop stops the pings.
+    let mut watchdog = notifier.watchdog_interval().map(tokio::time::interval);
     loop {
         tokio::select! {
             _ = terminate.recv() => break,
             _ = interrupt.recv() => break,
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading manifests");
-                supervisor.reload().await;
+                reload(&mut supervisor, &notifier).await;
             }
             Some(reply) = reload_rx.recv() => {
-                let report = supervisor.reload().await;
-                let _ = reply.send(report);
+                let _ = reply.send(reload(&mut supervisor, &notifier).await);
             }
             Some(request) = control_rx.recv() => {
-                let answer = operate(&mut supervisor, &registry, request.method).await;
+                let answer = if request.method == control::Method::Reload {
+                    Ok(reload_json(&reload(&mut supervisor, &notifier).await))
+                } else {
+                    operate(&mut supervisor, &registry, request.method).await
+                };
                 let _ = request.reply.send(answer);
+            }
+            _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => {
+                notifier.send("WATCHDOG=1");
             }
         }
     }
+    notifier.send("STOPPING=1");
     tracing::info!("shutting down: draining calls and stopping toolboxes");
     supervisor.shutdown().await;
     trigger.trigger();
@@ -172,18 +187,30 @@ async fn operate(
     };
     let outcome = match method {
         Method::Status => return Ok(control::status(&registry.snapshot())),
-        Method::Reload => {
-            let report = supervisor.reload().await;
-            let errors: Vec<_> = report
-                .errors
-                .iter()
-                .map(|(manifest, error)| serde_json::json!({"manifest": manifest, "error": error}))
-                .collect();
-            return Ok(serde_json::json!({"loaded": report.loaded, "errors": errors}));
-        }
+        Method::Reload => return Ok(reload_json(&supervisor.reload().await)),
         Method::Restart(id) => toolbox(&id)?.restart().await,
         Method::Stop(id) => toolbox(&id)?.stop().await,
         Method::Start(id) => toolbox(&id)?.start().await,
     };
     outcome.map(serde_json::Value::String)
+}
+
+/// A reload, announced to systemd around it.
+async fn reload(supervisor: &mut Supervisor, notifier: &Notifier) -> ReloadReport {
+    notifier.send(&format!(
+        "RELOADING=1\nMONOTONIC_USEC={}",
+        crate::notify::monotonic_usec()
+    ));
+    let report = supervisor.reload().await;
+    notifier.send("READY=1");
+    report
+}
+
+fn reload_json(report: &ReloadReport) -> serde_json::Value {
+    let errors: Vec<_> = report
+        .errors
+        .iter()
+        .map(|(manifest, error)| serde_json::json!({"manifest": manifest, "error": error}))
+        .collect();
+    serde_json::json!({"loaded": report.loaded, "errors": errors})
 }

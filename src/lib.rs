@@ -19,6 +19,7 @@
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
 //! - [`control`]: the control socket and `toolboxd ctl`.
 //! - [`check`], [`caller`]: the `check`, `list` and `call` commands.
+//! - [`notify`]: systemd readiness and watchdog notifications.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
 pub mod bus;
@@ -30,6 +31,7 @@ pub mod daemon;
 pub mod leader;
 pub mod manifest;
 pub mod mcp;
+pub mod notify;
 pub mod registry;
 pub mod service;
 pub mod session;

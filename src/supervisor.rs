@@ -80,8 +80,8 @@ impl Supervisor {
     }
 
     /// Re-reads the manifests and applies the difference: new ones start,
-    /// removed ones drain and stop, changed ones are replaced, unchanged ones
-    /// only refresh their tools. A manifest that became invalid is reported and
+    /// removed ones drain and stop, changed ones get a rolling restart into
+    /// their new configuration, unchanged ones only refresh their tools. A manifest that became invalid is reported and
     /// its running toolbox keeps its old configuration.
     pub async fn reload(&mut self) -> ReloadReport {
         let set = manifest::load_dirs(&self.dirs);
@@ -109,12 +109,20 @@ impl Supervisor {
             match incoming.remove(&id) {
                 Some(m) if m == hosted.manifest => refresh.push(hosted.handle.clone()),
                 Some(m) => {
-                    tracing::info!(toolbox = %id, "reload: manifest changed; replacing the toolbox");
-                    if let Some(old) = self.hosted.remove(&id) {
-                        let _ = old.handle.stop().await;
+                    tracing::info!(toolbox = %id, "reload: manifest changed; rolling restart");
+                    let handle = hosted.handle.clone();
+                    match handle.reconfigure(m.clone()).await {
+                        Ok(what) => {
+                            tracing::info!(toolbox = %id, "reload: {what}");
+                            if let Some(hosted) = self.hosted.get_mut(&id) {
+                                hosted.manifest = m;
+                            }
+                        }
+                        Err(why) => {
+                            tracing::error!(toolbox = %id, "reload: {why}");
+                            report.errors.push((m.path.display().to_string(), why));
+                        }
                     }
-                    self.registry.remove(&id);
-                    self.host(m);
                 }
                 None if broken.contains(&hosted.manifest.path) => {
                     tracing::warn!(toolbox = %id, "reload: manifest is invalid now; keeping the running configuration");

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use super::restart::{Budget, Decision};
-use super::{Command, Outcome, Serving, Slot, State, Stats};
+use super::{Command, Deadlines, Outcome, Serving, Slot, State, Stats};
 use crate::child::{Child, ChildEvent, ExitInfo, RpcFailure};
 use crate::manifest::Manifest;
 use crate::mcp::ToolSpec;
@@ -25,6 +25,14 @@ const STOP_GRACE: Duration = Duration::from_secs(3);
 const MAX_MISSED_PROBES: u32 = 3;
 
 type Reply = oneshot::Sender<Outcome>;
+
+/// What the actor publishes for the toolbox's handles.
+pub(super) struct Outbox {
+    /// Which child serves calls.
+    pub(super) slot: watch::Sender<Slot>,
+    /// How long calls may take.
+    pub(super) deadlines: watch::Sender<Arc<Deadlines>>,
+}
 
 /// What the actor is doing.
 enum Phase {
@@ -90,8 +98,8 @@ pub(super) struct Actor {
     manifest: Manifest,
     /// Where tools and state are published.
     registry: Arc<Registry>,
-    /// Where the serving child is published for callers.
-    slot: watch::Sender<Slot>,
+    /// Where callers learn which child serves and how long calls may take.
+    out: Outbox,
     /// The mailbox.
     commands: mpsc::Receiver<Command>,
     /// Counters shared with handles.
@@ -111,7 +119,7 @@ impl Actor {
     pub(super) fn new(
         manifest: Manifest,
         registry: Arc<Registry>,
-        slot: watch::Sender<Slot>,
+        out: Outbox,
         commands: mpsc::Receiver<Command>,
         stats: Arc<Stats>,
     ) -> Actor {
@@ -119,7 +127,7 @@ impl Actor {
             pin: manifest.protocol.clone(),
             manifest,
             registry,
-            slot,
+            out,
             commands,
             stats,
             last_specs: None,
@@ -138,7 +146,7 @@ impl Actor {
 
     fn set_stopped(&self) {
         self.publish(State::Stopped, None);
-        let _ = self.slot.send(Slot::Stopped);
+        let _ = self.out.slot.send(Slot::Stopped);
         self.stats.set_ready(None);
     }
 
@@ -259,7 +267,7 @@ impl Actor {
             "toolbox ready"
         );
         self.publish(State::Ready, Some(launched.tools));
-        let _ = self.slot.send(Slot::Serving(serving.clone()));
+        let _ = self.out.slot.send(Slot::Serving(serving.clone()));
         self.stats.set_ready(Some(Instant::now()));
         Running {
             child: launched.child,
@@ -292,9 +300,7 @@ impl Actor {
 
     /// Serves until the child exits, the toolbox is stopped, or every handle is gone.
     async fn serve(&mut self, mut running: Running) -> Phase {
-        let limits = &self.manifest.limits;
-        let probe_every = Duration::from_secs(limits.probe_interval_s);
-        let probe_timeout = Duration::from_secs(limits.probe_timeout_s);
+        let probe_every = Duration::from_secs(self.manifest.limits.probe_interval_s);
         let mut probe =
             tokio::time::interval_at(tokio::time::Instant::now() + probe_every, probe_every);
         let mut missed = 0;
@@ -328,21 +334,23 @@ impl Actor {
                         let _ = done.send(Ok(format!("already running, pid {pid}")));
                     }
                     Some(Command::Restart { done }) => {
-                        match self.launch().await {
-                            Ok(launched) => {
-                                let old = std::mem::replace(&mut running, self.promote(launched));
-                                self.stats.restarts.fetch_add(1, Ordering::Relaxed);
-                                missed = 0;
-                                let new_pid = running.child.pid();
-                                let _ = done.send(Ok(format!("restarted: pid {pid} -> {new_pid}; pid {pid} drains its calls")));
-                                let manifest = self.manifest.clone();
-                                tokio::spawn(async move { drain_and_stop(old, &manifest).await });
-                            }
-                            Err(down) => {
-                                tracing::warn!(toolbox = self.id(), pid, "rolling restart failed; the old child keeps serving: {}", down.text);
-                                let _ = done.send(Err(format!("restart failed, pid {pid} keeps serving: {}", down.text)));
-                            }
-                        }
+                        let outcome = self.roll(&mut running, None).await;
+                        missed = 0;
+                        let _ = done.send(outcome);
+                    }
+                    Some(Command::Reconfigure { manifest, done }) if !manifest.enabled => {
+                        self.adopt(*manifest);
+                        self.set_stopped();
+                        let exit = drain_and_stop(running, &self.manifest).await;
+                        let _ = done.send(Ok(format!("disabled by its manifest: stopped pid {pid} ({exit})")));
+                        return Phase::Idle(None);
+                    }
+                    Some(Command::Reconfigure { manifest, done }) => {
+                        let outcome = self.roll(&mut running, Some(*manifest)).await;
+                        missed = 0;
+                        let every = Duration::from_secs(self.manifest.limits.probe_interval_s);
+                        probe = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                        let _ = done.send(outcome);
                     }
                     None => {
                         self.set_stopped();
@@ -351,6 +359,7 @@ impl Actor {
                     }
                 },
                 _ = probe.tick() => {
+                    let probe_timeout = Duration::from_secs(self.manifest.limits.probe_timeout_s);
                     match tokio::time::timeout(probe_timeout, running.serving.session.probe()).await {
                         // An error answer is still an answer: the child is alive.
                         Ok(Ok(())) | Ok(Err(RpcFailure::Rpc(_))) => missed = 0,
@@ -366,6 +375,57 @@ impl Actor {
                 }
             }
         }
+    }
+
+    /// Rolling restart, into `manifest` when given: launch a new child, make
+    /// it the serving one, and let the old one drain in the background. On
+    /// failure the old child (and configuration) keeps serving.
+    async fn roll(&mut self, running: &mut Running, manifest: Option<Manifest>) -> Outcome {
+        let old_pid = running.child.pid();
+        let previous = manifest.map(|m| {
+            let pin = std::mem::replace(&mut self.pin, m.protocol.clone());
+            (std::mem::replace(&mut self.manifest, m), pin)
+        });
+        match self.launch().await {
+            Ok(launched) => {
+                let old = std::mem::replace(running, self.promote(launched));
+                let _ = self.out.deadlines.send(Deadlines::of(&self.manifest));
+                self.stats.restarts.fetch_add(1, Ordering::Relaxed);
+                let new_pid = running.child.pid();
+                // The old child drains under the configuration it ran with.
+                let old_manifest = previous
+                    .map(|(m, _)| m)
+                    .unwrap_or_else(|| self.manifest.clone());
+                tokio::spawn(async move { drain_and_stop(old, &old_manifest).await });
+                Ok(format!(
+                    "restarted: pid {old_pid} -> {new_pid}; pid {old_pid} drains its calls"
+                ))
+            }
+            Err(down) => {
+                if let Some((manifest, pin)) = previous {
+                    self.manifest = manifest;
+                    self.pin = pin;
+                }
+                tracing::warn!(
+                    toolbox = self.id(),
+                    pid = old_pid,
+                    "rolling restart failed; the old child keeps serving: {}",
+                    down.text
+                );
+                Err(format!(
+                    "restart failed, pid {old_pid} keeps serving: {}",
+                    down.text
+                ))
+            }
+        }
+    }
+
+    /// Takes a changed manifest while no child runs under it.
+    fn adopt(&mut self, manifest: Manifest) {
+        self.pin = manifest.protocol.clone();
+        let _ = self.out.deadlines.send(Deadlines::of(&manifest));
+        self.manifest = manifest;
+        self.budget.reset();
     }
 
     /// Lists the tools again and publishes them if they changed. A refresh
@@ -416,7 +476,7 @@ impl Actor {
                     },
                     None,
                 );
-                let _ = self.slot.send(Slot::Waiting);
+                let _ = self.out.slot.send(Slot::Waiting);
                 Phase::Backoff(delay)
             }
             Decision::Failed => {
@@ -456,7 +516,7 @@ impl Actor {
             },
             None,
         );
-        let _ = self.slot.send(Slot::Failed(reason));
+        let _ = self.out.slot.send(Slot::Failed(reason));
     }
 
     /// Waits out a restart delay; an operator's start or restart skips it.
@@ -474,6 +534,15 @@ impl Actor {
                         return Phase::Idle(None);
                     }
                     Some(Command::Start { done }) | Some(Command::Restart { done }) => {
+                        return Phase::Start(Some(done));
+                    }
+                    Some(Command::Reconfigure { manifest, done }) => {
+                        self.adopt(*manifest);
+                        if !self.manifest.enabled {
+                            self.set_stopped();
+                            let _ = done.send(Ok("disabled by its manifest: stopped".to_owned()));
+                            return Phase::Idle(None);
+                        }
                         return Phase::Start(Some(done));
                     }
                     None => return Phase::Exit,
@@ -505,7 +574,19 @@ impl Actor {
                     Some(Command::Start { done }) | Some(Command::Restart { done }) => {
                         self.budget.reset();
                         self.publish(State::Starting, None);
-                        let _ = self.slot.send(Slot::Waiting);
+                        let _ = self.out.slot.send(Slot::Waiting);
+                        return Phase::Start(Some(done));
+                    }
+                    Some(Command::Reconfigure { manifest, done }) => {
+                        self.adopt(*manifest);
+                        if !self.manifest.enabled {
+                            self.set_stopped();
+                            retrying = false;
+                            let _ = done.send(Ok("disabled by its manifest: stopped".to_owned()));
+                            continue;
+                        }
+                        self.publish(State::Starting, None);
+                        let _ = self.out.slot.send(Slot::Waiting);
                         return Phase::Start(Some(done));
                     }
                     None => return Phase::Exit,

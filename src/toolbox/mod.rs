@@ -181,6 +181,12 @@ enum Command {
     Start { done: oneshot::Sender<Outcome> },
     /// Rolling restart: start a new child, switch calls to it, drain the old.
     Restart { done: oneshot::Sender<Outcome> },
+    /// Rolling restart into a changed manifest (same id); on failure the old
+    /// configuration keeps running.
+    Reconfigure {
+        manifest: Box<Manifest>,
+        done: oneshot::Sender<Outcome>,
+    },
 }
 
 /// A cheap, clonable handle to one toolbox actor.
@@ -192,10 +198,8 @@ pub struct ToolboxHandle {
     commands: mpsc::Sender<Command>,
     /// Which child serves calls, published by the actor.
     slot: watch::Receiver<Slot>,
-    /// Deadline of one call.
-    call_timeout: Duration,
-    /// Shorter deadlines of particular tools.
-    tool_timeouts: Arc<BTreeMap<String, u64>>,
+    /// Call deadlines, published by the actor (a reload may change them).
+    deadlines: watch::Receiver<Arc<Deadlines>>,
     /// Shared counters.
     stats: Arc<Stats>,
 }
@@ -206,6 +210,30 @@ struct PermitGuard<'a>(&'a Semaphore);
 impl Drop for PermitGuard<'_> {
     fn drop(&mut self) {
         self.0.add_permits(1);
+    }
+}
+
+/// How long calls may take, from the manifest's `[limits]`.
+#[derive(Debug)]
+struct Deadlines {
+    /// Deadline of one call.
+    call: Duration,
+    /// Shorter deadlines of particular tools.
+    tools: BTreeMap<String, u64>,
+}
+
+impl Deadlines {
+    fn of(manifest: &Manifest) -> Arc<Deadlines> {
+        Arc::new(Deadlines {
+            call: Duration::from_secs(manifest.limits.call_timeout_s),
+            tools: manifest.limits.tool_timeouts.clone(),
+        })
+    }
+
+    fn for_tool(&self, name: &str) -> Duration {
+        self.tools
+            .get(name)
+            .map_or(self.call, |&secs| Duration::from_secs(secs))
     }
 }
 
@@ -243,10 +271,7 @@ impl ToolboxHandle {
         let started = Instant::now();
         self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
         let _count = InFlightCount(&self.stats);
-        let deadline = self
-            .tool_timeouts
-            .get(&tool.name)
-            .map_or(self.call_timeout, |&secs| Duration::from_secs(secs));
+        let deadline = self.deadlines.borrow().for_tool(&tool.name);
         let outcome = match tokio::time::timeout(deadline, self.call_inner(tool, args)).await {
             Ok(outcome) => outcome,
             Err(_) => Err(format!(
@@ -332,7 +357,8 @@ impl ToolboxHandle {
     pub async fn wait_started(&self) -> bool {
         let mut slot = self.slot.clone();
         let started = async move { slot.wait_for(|s| !matches!(s, Slot::Waiting)).await.is_ok() };
-        tokio::time::timeout(self.call_timeout, started).await == Ok(true)
+        let limit = self.deadlines.borrow().call;
+        tokio::time::timeout(limit, started).await == Ok(true)
     }
 
     /// Asks the actor to list the tools again and waits until it has (or the
@@ -372,22 +398,41 @@ impl ToolboxHandle {
     pub async fn restart(&self) -> Outcome {
         self.command(|done| Command::Restart { done }).await
     }
+
+    /// Applies a changed manifest with a rolling restart; on failure the old
+    /// configuration keeps serving.
+    pub async fn reconfigure(&self, manifest: Manifest) -> Outcome {
+        self.command(|done| Command::Reconfigure {
+            manifest: Box::new(manifest),
+            done,
+        })
+        .await
+    }
 }
 
 /// Starts the actor for `manifest` and registers it as hosted.
 pub fn spawn(manifest: Manifest, registry: Arc<Registry>) -> ToolboxHandle {
     let (commands_tx, commands) = mpsc::channel(64);
     let (slot_tx, slot_rx) = watch::channel(Slot::Waiting);
+    let (deadlines_tx, deadlines_rx) = watch::channel(Deadlines::of(&manifest));
     let handle = ToolboxHandle {
         id: manifest.id.as_str().into(),
         commands: commands_tx,
         slot: slot_rx,
-        call_timeout: Duration::from_secs(manifest.limits.call_timeout_s),
-        tool_timeouts: Arc::new(manifest.limits.tool_timeouts.clone()),
+        deadlines: deadlines_rx,
         stats: Arc::default(),
     };
     registry.insert(&manifest.id, handle.clone(), State::Starting);
-    let actor = actor::Actor::new(manifest, registry, slot_tx, commands, handle.stats.clone());
+    let actor = actor::Actor::new(
+        manifest,
+        registry,
+        actor::Outbox {
+            slot: slot_tx,
+            deadlines: deadlines_tx,
+        },
+        commands,
+        handle.stats.clone(),
+    );
     tokio::spawn(actor.run());
     handle
 }

@@ -106,16 +106,28 @@ impl Daemon {
 
     /// Starts `toolboxd run` with these arguments and waits for "ready".
     pub fn start_with(args: &[&str]) -> Daemon {
+        Daemon::start_env(args, &[])
+    }
+
+    /// Starts `toolboxd run` with these arguments and extra environment.
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let control_dir = TempDir::new("ctl");
-        let control = control_dir.path().join("ctl.sock");
-        let mut child = Command::new(BIN)
-            .arg("--log-format")
-            .arg("json")
-            .arg("run")
-            .arg("--control")
-            .arg(&control)
+        let given = args
+            .iter()
+            .position(|a| *a == "--control")
+            .map(|i| PathBuf::from(args[i + 1]));
+        let control = given
+            .clone()
+            .unwrap_or_else(|| control_dir.path().join("ctl.sock"));
+        let mut command = Command::new(BIN);
+        command.arg("--log-format").arg("json").arg("run");
+        if given.is_none() {
+            command.arg("--control").arg(&control);
+        }
+        let mut child = command
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -1,0 +1,508 @@
+//! Operators (DESIGN §2 `ctl`, §6): the control socket, rolling restart under
+//! load, stop/start, manifest reload as a diff, and systemd notifications.
+
+mod common;
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use common::{fixture_manifest, math_manifest, text_manifest, Bus, Daemon, TempDir, BIN};
+use serde_json::{json, Value};
+
+async fn call(bus: &mut Bus, toolbox: &str, name: &str, kwargs: Value) -> Value {
+    bus.request(
+        "ovos.persona.tools.call",
+        json!({"toolbox_id": toolbox, "name": name, "kwargs": kwargs}),
+    )
+    .await["data"]
+        .clone()
+}
+
+#[test]
+fn the_control_socket_is_private_and_a_second_daemon_refuses_it() {
+    let dir = TempDir::new("ctl-sock");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let mode = std::fs::metadata(&daemon.control)
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "control socket mode {mode:o}");
+
+    let out = std::process::Command::new(BIN)
+        .args(["run", "--embedded-bus", "127.0.0.1:0", "--manifests"])
+        .arg(dir.path())
+        .arg("--control")
+        .arg(&daemon.control)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("another toolboxd is running on the control socket"),
+        "{err}"
+    );
+    // The first daemon is untouched.
+    assert_eq!(daemon.status("math")["state"], "ready");
+}
+
+#[test]
+fn a_stale_control_socket_is_recovered() {
+    let dir = TempDir::new("ctl-stale");
+    dir.write("math.toml", &math_manifest("math"));
+    let sock_dir = TempDir::new("stale");
+    let path = sock_dir.path().join("ctl.sock");
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap()); // leaves the file behind
+    assert!(path.exists());
+    let mut daemon = Daemon::start_with(&[
+        "--manifests",
+        dir.path().to_str().unwrap(),
+        "--embedded-bus",
+        "127.0.0.1:0",
+        "--control",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(daemon.status("math")["state"], "ready");
+    assert!(daemon.stop().success());
+    assert!(!path.exists(), "the socket is removed on exit");
+}
+
+#[tokio::test]
+async fn status_shows_every_column_as_table_and_json() {
+    let dir = TempDir::new("status");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write("text.toml", &text_manifest("text"));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    for i in 0..5 {
+        assert_eq!(
+            call(&mut bus, "math", "add", json!({"a": i, "b": 1})).await["result"]["result"],
+            i + 1
+        );
+    }
+    assert!(call(&mut bus, "math", "sqrt", json!({"number": -1})).await["error"].is_string());
+    let row = daemon.status("math");
+    for key in [
+        "id",
+        "state",
+        "pids",
+        "tools",
+        "restarts",
+        "last_exit",
+        "uptime_s",
+        "calls_ok",
+        "calls_err",
+        "in_flight",
+        "p50_ms",
+        "p99_ms",
+    ] {
+        assert!(row.get(key).is_some(), "status lacks {key}: {row}");
+    }
+    assert_eq!(row["state"], "ready");
+    assert_eq!(row["tools"], 4);
+    assert_eq!(row["calls_ok"], 5);
+    assert_eq!(row["calls_err"], 1);
+    assert_eq!(row["in_flight"], 0);
+    assert_eq!(row["restarts"], 0);
+    assert!(
+        row["p50_ms"].as_f64().unwrap() > 0.0
+            && row["p99_ms"].as_f64().unwrap() >= row["p50_ms"].as_f64().unwrap()
+    );
+    assert_eq!(row["pids"].as_array().unwrap().len(), 1);
+    let (code, table, _) = daemon.ctl(&["status"]);
+    assert_eq!(code, 0);
+    assert!(table.starts_with("ID "), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("math ") && l.contains("ready")),
+        "{table}"
+    );
+    assert!(table.lines().any(|l| l.starts_with("text ")), "{table}");
+    let (code, _, err) = daemon.ctl(&["restart", "nope"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("no toolbox \"nope\""), "{err}");
+}
+
+/// Closed-loop load on `fixture.add` from several connections until `stop`;
+/// returns (answers by mark, calls sent).
+async fn load(
+    url: String,
+    conn: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (HashMap<String, Vec<Value>>, usize) {
+    let mut bus = Bus::connect(&url).await;
+    let mut answers: HashMap<String, Vec<Value>> = HashMap::new();
+    let mut sent = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let mark = format!("l{conn}-{sent}");
+        bus.send(
+            "ovos.persona.tools.call",
+            json!({"toolbox_id": "fixture", "name": "add", "kwargs": {"a": sent, "b": 1}}),
+            json!({"mark": mark}),
+        )
+        .await;
+        sent += 1;
+        loop {
+            let m = bus
+                .next(Duration::from_secs(10))
+                .await
+                .expect("an answer within 10 s");
+            if m["type"] == "ovos.persona.tools.call.response" {
+                if let Some(k) = m["context"]["mark"].as_str() {
+                    if k.starts_with(&format!("l{conn}-")) {
+                        answers
+                            .entry(k.to_owned())
+                            .or_default()
+                            .push(m["data"].clone());
+                        if k == mark {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Late duplicates, if any.
+    while let Some(m) = bus.next(Duration::from_millis(300)).await {
+        if let Some(k) = m["context"]["mark"].as_str() {
+            if k.starts_with(&format!("l{conn}-"))
+                && m["type"] == "ovos.persona.tools.call.response"
+            {
+                answers
+                    .entry(k.to_owned())
+                    .or_default()
+                    .push(m["data"].clone());
+            }
+        }
+    }
+    (answers, sent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_restart_under_load_fails_no_call() {
+    let dir = TempDir::new("rolling");
+    dir.write("fixture.toml", &fixture_manifest("fixture", ""));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let before = call(&mut bus, "fixture", "whoami", json!({})).await["result"]["pid"].clone();
+    // A call that lasts longer than the swap.
+    bus.send(
+        "ovos.persona.tools.call",
+        json!({"toolbox_id": "fixture", "name": "slow_whoami", "kwargs": {"seconds": 1.5}}),
+        json!({"mark": "slow"}),
+    )
+    .await;
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loads: Vec<_> = (0..4)
+        .map(|c| tokio::spawn(load(daemon.url.clone(), c, stop.clone())))
+        .collect();
+    // Let the load run, then restart in the middle of it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.status("fixture")["calls_ok"].as_u64().unwrap() < 200 {
+        assert!(Instant::now() < deadline, "load never got going");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (code, out, err) = tokio::task::spawn_blocking({
+        let control = daemon.control.clone();
+        move || {
+            let o = std::process::Command::new(BIN)
+                .args([
+                    "ctl",
+                    "--control",
+                    control.to_str().unwrap(),
+                    "restart",
+                    "fixture",
+                ])
+                .output()
+                .unwrap();
+            (
+                o.status.code(),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            )
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("restarted: pid"), "{out}");
+    let ok_at_restart = daemon.status("fixture")["calls_ok"].as_u64().unwrap();
+    // Keep the load going well past the swap.
+    while daemon.status("fixture")["calls_ok"].as_u64().unwrap() < ok_at_restart + 200 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut total = 0;
+    for (c, task) in loads.into_iter().enumerate() {
+        let (answers, sent) = task.await.unwrap();
+        assert_eq!(
+            answers.len(),
+            sent,
+            "connection {c}: {} answers for {sent} calls",
+            answers.len()
+        );
+        for (mark, got) in &answers {
+            assert_eq!(got.len(), 1, "{mark} answered {} times", got.len());
+            assert!(got[0].get("error").is_none(), "{mark}: {}", got[0]);
+            let i: u64 = mark.rsplit('-').next().unwrap().parse().unwrap();
+            assert_eq!(got[0]["result"]["result"], i + 1);
+        }
+        total += sent;
+    }
+    assert!(total >= 400, "{total} calls");
+
+    // The long call finished on the old child; new calls go to the new one.
+    let slow = bus
+        .collect(
+            "ovos.persona.tools.call.response",
+            "slow",
+            Duration::from_secs(3),
+        )
+        .await;
+    assert_eq!(slow.len(), 1);
+    assert_eq!(
+        slow[0]["data"]["result"]["pid"], before,
+        "the slow call ran on the old child"
+    );
+    let after = call(&mut bus, "fixture", "whoami", json!({})).await["result"]["pid"].clone();
+    assert_ne!(after, before);
+    let row = daemon.status("fixture");
+    assert_eq!(row["restarts"], 1);
+    assert_eq!(row["calls_err"], 0);
+}
+
+#[tokio::test]
+async fn a_restart_that_cannot_start_leaves_the_old_child_serving() {
+    let dir = TempDir::new("restart-fail");
+    let flag = dir.path().join("fail-now");
+    dir.write(
+        "fixture.toml",
+        &fixture_manifest(
+            "fixture",
+            &format!("env = {{ FAIL_IF_EXISTS = \"{}\" }}", flag.display()),
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let before = call(&mut bus, "fixture", "whoami", json!({})).await["result"]["pid"].clone();
+    std::fs::write(&flag, "").unwrap();
+    let (code, _, err) = daemon.ctl(&["restart", "fixture"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("restart failed") && err.contains("keeps serving") && err.contains("code 4"),
+        "{err}"
+    );
+    assert_eq!(
+        call(&mut bus, "fixture", "whoami", json!({})).await["result"]["pid"],
+        before
+    );
+    assert_eq!(daemon.status("fixture")["state"], "ready");
+}
+
+#[tokio::test]
+async fn stop_and_start_one_toolbox() {
+    let dir = TempDir::new("stopstart");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write("text.toml", &text_manifest("text"));
+    let daemon = Daemon::start(dir.path());
+    let (code, out, _) = daemon.ctl(&["stop", "math"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("stopped"), "{out}");
+    assert_eq!(daemon.status("math")["state"], "stopped");
+    let mut bus = Bus::connect(&daemon.url).await;
+    // Not hosted: silence on the persona topic, unknown on the tool service.
+    let r = bus
+        .request_within(
+            "ovos.persona.tools.call",
+            json!({"toolbox_id": "math", "name": "add", "kwargs": {"a": 1, "b": 1}}),
+            Duration::from_millis(800),
+        )
+        .await;
+    assert!(r.is_none(), "{r:?}");
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 1, "b": 1}}),
+        )
+        .await;
+    assert_eq!(r["data"]["error"], "Unknown tool: 'add'");
+    // The neighbour never noticed.
+    assert_eq!(
+        call(&mut bus, "text", "shout", json!({"text": "x"})).await["result"]["text"],
+        "X"
+    );
+    let (code, out, _) = daemon.ctl(&["start", "math"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("started, pid"), "{out}");
+    assert_eq!(
+        call(&mut bus, "math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+}
+
+fn pid_of(daemon: &Daemon, id: &str) -> u64 {
+    daemon.status(id)["pids"][0].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn reload_applies_the_manifest_diff() {
+    let dir = TempDir::new("reload");
+    dir.write("keep.toml", &text_manifest("keep"));
+    dir.write("change.toml", &math_manifest("change"));
+    dir.write("remove.toml", &fixture_manifest("remove", ""));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let keep_pid = pid_of(&daemon, "keep");
+    let change_pid = pid_of(&daemon, "change");
+
+    dir.write("added.toml", &fixture_manifest("added", ""));
+    dir.write(
+        "change.toml",
+        &format!("{}env = {{ CHANGED = \"1\" }}\n", math_manifest("change")),
+    );
+    std::fs::remove_file(dir.path().join("remove.toml")).unwrap();
+    let (code, out, err) = daemon.ctl(&["reload"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let report: Value = serde_json::from_str(&out).unwrap();
+    let mut loaded: Vec<&str> = report["loaded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    loaded.sort();
+    assert_eq!(loaded, ["added", "change", "keep"]);
+
+    assert_eq!(
+        pid_of(&daemon, "keep"),
+        keep_pid,
+        "untouched toolbox kept its child"
+    );
+    assert_ne!(
+        pid_of(&daemon, "change"),
+        change_pid,
+        "changed toolbox got a new child"
+    );
+    let r = bus.request("ovos.tools.list", json!({})).await;
+    let owners: Vec<&str> = r["data"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["toolbox_id"].as_str().unwrap())
+        .collect();
+    assert!(
+        owners.contains(&"added") && !owners.contains(&"remove"),
+        "{owners:?}"
+    );
+    assert_eq!(
+        call(&mut bus, "added", "add", json!({"a": 1, "b": 2})).await["result"]["result"],
+        3
+    );
+    let (_, rows, _) = daemon.ctl(&["status", "--json"]);
+    assert!(!rows.contains("\"remove\""), "{rows}");
+
+    // A manifest that became invalid: reported, and its toolbox keeps serving.
+    dir.write(
+        "keep.toml",
+        &format!("{}bogus_key = 1\n", text_manifest("keep")),
+    );
+    let (code, out, _) = daemon.ctl(&["reload"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("keep.toml") && out.contains("bogus_key"),
+        "{out}"
+    );
+    assert_eq!(pid_of(&daemon, "keep"), keep_pid);
+    assert_eq!(
+        call(&mut bus, "keep", "shout", json!({"text": "still"})).await["result"]["text"],
+        "STILL"
+    );
+
+    // The bus topic reports the same error, with the Python service's fields.
+    let r = bus.request("ovos.tools.reload", json!({})).await;
+    let errors = r["data"]["errors"].as_array().unwrap();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e["manifest"].as_str().unwrap().ends_with("keep.toml")),
+        "{errors:?}"
+    );
+    assert!(r["data"]["total_tools"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn sighup_reloads() {
+    let dir = TempDir::new("sighup");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    dir.write("text.toml", &text_manifest("text"));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    daemon.wait_for_state("text", "ready", Duration::from_secs(10));
+}
+
+#[test]
+fn systemd_hears_ready_reloading_watchdog_and_stopping() {
+    let dir = TempDir::new("notify");
+    dir.write("math.toml", &math_manifest("math"));
+    let sock_dir = TempDir::new("notify-sock");
+    let path = sock_dir.path().join("notify.sock");
+    let systemd = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    systemd
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut daemon = Daemon::start_env(
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ],
+        &[
+            ("NOTIFY_SOCKET", path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "200000"),
+        ],
+    );
+    let mut buf = [0u8; 512];
+    let mut next = || {
+        let n = systemd.recv(&mut buf).expect("a notification");
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let first = next();
+    assert!(first.starts_with("READY=1"), "{first}");
+    assert_eq!(next(), "WATCHDOG=1");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.pid() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let mut seen = Vec::new();
+    while !seen.iter().any(|m: &String| m == "READY=1") {
+        seen.push(next());
+    }
+    let reloading = seen
+        .iter()
+        .position(|m| m.starts_with("RELOADING=1\nMONOTONIC_USEC="))
+        .expect("RELOADING=1");
+    assert!(reloading < seen.len() - 1, "{seen:?}");
+    assert!(daemon.stop().success());
+    let mut tail = Vec::new();
+    while let Ok(n) = systemd.recv(&mut buf) {
+        tail.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+        if tail.last().unwrap() == "STOPPING=1" {
+            break;
+        }
+    }
+    assert_eq!(
+        tail.last().map(String::as_str),
+        Some("STOPPING=1"),
+        "{tail:?}"
+    );
+}
