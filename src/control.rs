@@ -204,6 +204,7 @@ pub fn status(catalog: &Catalog) -> Value {
                 "tools": entry.tools.len(),
                 "restarts": s.restarts,
                 "last_exit": s.last_exit,
+                "era": s.era,
                 "uptime_s": s.uptime.map(|u| u.as_secs()),
                 "calls_ok": s.calls_ok,
                 "calls_err": s.calls_err,

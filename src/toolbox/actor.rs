@@ -147,7 +147,7 @@ impl Actor {
     fn set_stopped(&self) {
         self.publish(State::Stopped, None);
         let _ = self.out.slot.send(Slot::Stopped);
-        self.stats.set_ready(None);
+        self.stats.set_ready(None, None);
     }
 
     pub(super) async fn run(mut self) {
@@ -268,7 +268,10 @@ impl Actor {
         );
         self.publish(State::Ready, Some(launched.tools));
         let _ = self.out.slot.send(Slot::Serving(serving.clone()));
-        self.stats.set_ready(Some(Instant::now()));
+        self.stats.set_ready(
+            Some(Instant::now()),
+            Some(serving.session.era().to_string()),
+        );
         Running {
             child: launched.child,
             events: launched.events,
@@ -458,7 +461,7 @@ impl Actor {
 
     /// Applies the restart policy to a child that went down.
     fn went_down(&mut self, down: Down) -> Phase {
-        self.stats.set_ready(None);
+        self.stats.set_ready(None, None);
         self.stats.set_last_exit(down.text.clone());
         let knobs = &self.manifest.restart;
         match self.budget.after_exit(knobs, down.exit, down.uptime) {

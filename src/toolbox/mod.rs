@@ -101,6 +101,8 @@ struct Detail {
     ready_since: Option<Instant>,
     /// How the last child ended, in words.
     last_exit: Option<String>,
+    /// The MCP era and version the serving child speaks.
+    era: Option<String>,
     /// Durations of the latest calls, in microseconds.
     latencies: VecDeque<u32>,
 }
@@ -114,6 +116,7 @@ pub struct StatsSnapshot {
     pub restarts: u64,
     pub uptime: Option<Duration>,
     pub last_exit: Option<String>,
+    pub era: Option<String>,
     /// Median and 99th percentile of recent call latencies.
     pub p50: Option<Duration>,
     pub p99: Option<Duration>,
@@ -133,8 +136,12 @@ impl Stats {
             .push_back(took.as_micros().min(u32::MAX as u128) as u32);
     }
 
-    fn set_ready(&self, since: Option<Instant>) {
-        self.detail().ready_since = since;
+    fn set_ready(&self, since: Option<Instant>, era: Option<String>) {
+        let mut d = self.detail();
+        d.ready_since = since;
+        if era.is_some() {
+            d.era = era;
+        }
     }
 
     fn set_last_exit(&self, text: String) {
@@ -159,6 +166,7 @@ impl Stats {
             restarts: self.restarts.load(Ordering::Relaxed),
             uptime: d.ready_since.map(|t| t.elapsed()),
             last_exit: d.last_exit.clone(),
+            era: d.era.clone(),
             p50: pick(0.5),
             p99: pick(0.99),
         }
