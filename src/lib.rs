@@ -18,7 +18,8 @@
 //! - [`mcp`]: JSON-RPC and MCP model types and result mapping (pure).
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
 //! - [`control`]: the control socket and `toolboxd ctl`.
-//! - [`check`], [`caller`]: the `check`, `list` and `call` commands.
+//! - [`check`], [`caller`], [`scaffold`]: the `check`, `list`, `call` and
+//!   `new` commands.
 //! - [`notify`]: systemd readiness and watchdog notifications.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
@@ -33,6 +34,7 @@ pub mod manifest;
 pub mod mcp;
 pub mod notify;
 pub mod registry;
+pub mod scaffold;
 pub mod service;
 pub mod session;
 pub mod shutdown;

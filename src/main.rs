@@ -27,6 +27,12 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
+enum NewLang {
+    Python,
+    Shell,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
 enum LogFormat {
     Text,
     Json,
@@ -108,6 +114,16 @@ enum Command {
         /// Seconds to wait for the answer.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
+    },
+    /// Write a new toolbox and its manifest, ready for `check --probe`.
+    New {
+        /// The toolbox id (also the file names).
+        name: String,
+        #[arg(long, value_enum, default_value_t = NewLang::Python)]
+        lang: NewLang,
+        /// The manifests directory to write into.
+        #[arg(long, default_value = "manifests")]
+        dir: PathBuf,
     },
     /// Run only the embedded messagebus.
     Bus {
@@ -265,6 +281,17 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let data =
                 toolboxd::caller::request(&bus, topic, data, Duration::from_secs(timeout)).await?;
             print_answer(data)
+        }
+        Command::New { name, lang, dir } => {
+            let lang = match lang {
+                NewLang::Python => toolboxd::scaffold::Lang::Python,
+                NewLang::Shell => toolboxd::scaffold::Lang::Shell,
+            };
+            for path in toolboxd::scaffold::new_toolbox(&name, lang, &dir)? {
+                println!("wrote {}", path.display());
+            }
+            println!("next: toolboxd check --probe --manifests {}", dir.display());
+            Ok(ExitCode::SUCCESS)
         }
         Command::Bus { listen } => {
             let (trigger, shutdown) = toolboxd::shutdown::ShutdownTrigger::new();

@@ -292,3 +292,48 @@ async fn run_reconnects_when_the_bus_comes_back() {
     bus.kill().unwrap();
     bus.wait().unwrap();
 }
+
+#[tokio::test]
+async fn new_writes_toolboxes_that_pass_probe_and_answer() {
+    let dir = TempDir::new("new");
+    let d = dir.path().to_str().unwrap();
+    for (name, lang) in [("pyhello", "python"), ("shhello", "shell")] {
+        let (code, out, err) = toolboxd(&["new", name, "--lang", lang, "--dir", d]);
+        assert_eq!(code, 0, "{out}{err}");
+        assert!(out.contains(&format!("{name}.toml")), "{out}");
+    }
+    let (code, out, _) = toolboxd(&["new", "pyhello", "--dir", d]);
+    assert_eq!(code, 1, "refuses to overwrite: {out}");
+    let (code, out, err) = toolboxd(&["check", "--probe", "--manifests", d]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("ok    pyhello") && out.contains("ok    shhello"),
+        "{out}"
+    );
+
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    for name in ["pyhello", "shhello"] {
+        let r = bus
+            .request(
+                "ovos.persona.tools.call",
+                json!({"toolbox_id": name, "name": "hello", "kwargs": {"name": "Ada"}}),
+            )
+            .await;
+        assert_eq!(
+            r["data"]["result"],
+            json!({"greeting": "Hello, Ada!"}),
+            "{name}"
+        );
+        let r = bus
+            .request(
+                "ovos.persona.tools.call",
+                json!({"toolbox_id": name, "name": "hello", "kwargs": {"name": " "}}),
+            )
+            .await;
+        assert_eq!(
+            r["data"]["error"], "ValueError: name must not be blank",
+            "{name}"
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! `toolboxd new`: writes a working toolbox and its manifest, ready for
+//! `toolboxd check --probe`.
+
+use std::path::{Path, PathBuf};
+
+use crate::manifest::valid_id;
+
+/// The standard-library helper every Python toolbox imports.
+const PYTHON_HELPER: &str = include_str!("../examples/python/mcp_toolbox.py");
+const PYTHON_TEMPLATE: &str = include_str!("../templates/python_toolbox.py");
+const SHELL_TEMPLATE: &str = include_str!("../templates/shell_toolbox.sh");
+
+/// The languages `new` writes toolboxes in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lang {
+    Python,
+    Shell,
+}
+
+/// Why nothing was written.
+#[derive(Debug, thiserror::Error)]
+pub enum ScaffoldError {
+    #[error(
+        "{0:?} is not a valid toolbox id; use letters, digits, '_' and '-' (never ':' or '.')"
+    )]
+    BadName(String),
+    #[error("{0} already exists; pick another name or remove it")]
+    Exists(PathBuf),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Writes `DIR/NAME.toml` and the toolbox in `DIR/NAME/`; returns the files written.
+pub fn new_toolbox(name: &str, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, ScaffoldError> {
+    if !valid_id(name) {
+        return Err(ScaffoldError::BadName(name.to_owned()));
+    }
+    let manifest = dir.join(format!("{name}.toml"));
+    let code_dir = dir.join(name);
+    for path in [&manifest, &code_dir] {
+        if path.exists() {
+            return Err(ScaffoldError::Exists(path.clone()));
+        }
+    }
+    let (script, template, manifest_text) = match lang {
+        Lang::Python => (
+            format!("{name}.py"),
+            PYTHON_TEMPLATE,
+            format!(
+                "# {name}: a Python toolbox (see docs/authoring.md)\nid = \"{name}\"\n\
+                 command = \"python3\"\nargs = [\"{name}/{name}.py\"]\n\
+                 env = {{ PYTHONUNBUFFERED = \"1\" }}\n"
+            ),
+        ),
+        Lang::Shell => (
+            format!("{name}.sh"),
+            SHELL_TEMPLATE,
+            format!(
+                "# {name}: a bash + jq toolbox (see docs/authoring.md)\nid = \"{name}\"\n\
+                 command = \"./{name}/{name}.sh\"\n"
+            ),
+        ),
+    };
+    let mut written = Vec::new();
+    let write = |path: PathBuf, text: &str, written: &mut Vec<PathBuf>| {
+        std::fs::write(&path, text).map_err(|source| ScaffoldError::Write {
+            path: path.clone(),
+            source,
+        })?;
+        written.push(path);
+        Ok::<_, ScaffoldError>(())
+    };
+    std::fs::create_dir_all(&code_dir).map_err(|source| ScaffoldError::Write {
+        path: code_dir.clone(),
+        source,
+    })?;
+    let script_path = code_dir.join(&script);
+    write(
+        script_path.clone(),
+        &template.replace("{{NAME}}", name),
+        &mut written,
+    )?;
+    make_executable(&script_path)?;
+    if lang == Lang::Python {
+        write(code_dir.join("mcp_toolbox.py"), PYTHON_HELPER, &mut written)?;
+    }
+    write(manifest, &manifest_text, &mut written)?;
+    Ok(written)
+}
+
+fn make_executable(path: &Path) -> Result<(), ScaffoldError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).map_err(|source| {
+        ScaffoldError::Write {
+            path: path.to_owned(),
+            source,
+        }
+    })
+}
