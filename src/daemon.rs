@@ -81,19 +81,33 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     let (url, first) = match options.bus {
         BusMode::Embedded(addr) => (embed(addr, shutdown.clone()).await?, None),
         BusMode::Connect(url) => (url, None),
-        BusMode::Auto => match client::connect(bus::DEFAULT_URL).await {
-            Ok(ws) => (bus::DEFAULT_URL.to_owned(), Some(ws)),
-            Err(e) if e.is_refused() => {
-                tracing::info!(
-                    "no messagebus at {}; serving an embedded bus there (for a machine where \
-                     toolboxd is the only bus user)",
-                    bus::DEFAULT_URL
-                );
-                let addr = SocketAddr::from(([127, 0, 0, 1], 8181));
-                (embed(addr, shutdown.clone()).await?, None)
+        BusMode::Auto => {
+            let settings = bus::config::lookup();
+            for warning in &settings.warnings {
+                tracing::warn!("{warning}");
             }
-            Err(e) => return Err(e.into()),
-        },
+            let url = settings.url;
+            if !settings.sources.is_empty() {
+                let files: Vec<String> = settings
+                    .sources
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                tracing::info!(bus = %url, "bus address from {}", files.join(", "));
+            }
+            match client::connect(&url).await {
+                Ok(ws) => (url, Some(ws)),
+                Err(e) if e.is_refused() => {
+                    tracing::info!(
+                        "no messagebus at {url}; serving an embedded bus there (for a machine \
+                         where toolboxd is the only bus user)"
+                    );
+                    let addr = client::socket_addr(&url).await?;
+                    (embed(addr, shutdown.clone()).await?, None)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     };
 
     let registry = Arc::new(Registry::default());

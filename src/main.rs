@@ -93,8 +93,9 @@ enum Command {
     },
     /// List every tool on the bus (ovos.tools.list).
     List {
-        #[arg(long, default_value = toolboxd::bus::DEFAULT_URL)]
-        bus: String,
+        /// The bus (default: from mycroft.conf, else ws://127.0.0.1:8181/core).
+        #[arg(long)]
+        bus: Option<String>,
         /// Seconds to wait for the answer.
         #[arg(long, default_value_t = 10)]
         timeout: u64,
@@ -109,8 +110,9 @@ enum Command {
         /// The arguments, a JSON object.
         #[arg(long, default_value = "{}")]
         args: String,
-        #[arg(long, default_value = toolboxd::bus::DEFAULT_URL)]
-        bus: String,
+        /// The bus (default: from mycroft.conf, else ws://127.0.0.1:8181/core).
+        #[arg(long)]
+        bus: Option<String>,
         /// Seconds to wait for the answer.
         #[arg(long, default_value_t = 60)]
         timeout: u64,
@@ -244,7 +246,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::List { bus, timeout } => {
             let data = toolboxd::caller::request(
-                &bus,
+                &bus_url(bus),
                 "ovos.tools.list",
                 Object::new(),
                 Duration::from_secs(timeout),
@@ -279,7 +281,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 }
             };
             let data =
-                toolboxd::caller::request(&bus, topic, data, Duration::from_secs(timeout)).await?;
+                toolboxd::caller::request(&bus_url(bus), topic, data, Duration::from_secs(timeout))
+                    .await?;
             print_answer(data)
         }
         Command::New { name, lang, dir } => {
@@ -327,5 +330,16 @@ fn print_answer(data: Object) -> anyhow::Result<ExitCode> {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+/// `--bus`, else the bus mycroft.conf names (its problems reported on stderr).
+fn bus_url(given: Option<String>) -> String {
+    given.unwrap_or_else(|| {
+        let settings = toolboxd::bus::config::lookup();
+        for warning in settings.warnings {
+            eprintln!("toolboxd: {warning}");
+        }
+        settings.url
     })
 }

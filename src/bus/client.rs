@@ -44,6 +44,35 @@ impl BusError {
 /// Connects once: TCP with TCP_NODELAY and TCP_QUICKACK, then the websocket
 /// handshake.
 pub async fn connect(url: &str) -> Result<WsStream, BusError> {
+    let (request, host, port) = parse(url)?;
+    let stream = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|source| BusError::Connect {
+            url: url.to_owned(),
+            source,
+        })?;
+    tcp::tune(&stream);
+    let (ws, _) =
+        tokio_tungstenite::client_async_with_config(request, stream, Some(super::ws_config()))
+            .await
+            .map_err(|e| BusError::Handshake {
+                url: url.to_owned(),
+                source: Box::new(e),
+            })?;
+    Ok(ws)
+}
+
+/// The request, host and port of a `ws://` URL.
+fn parse(
+    url: &str,
+) -> Result<
+    (
+        tokio_tungstenite::tungstenite::handshake::client::Request,
+        String,
+        u16,
+    ),
+    BusError,
+> {
     let bad = |why: String| BusError::BadUrl {
         url: url.to_owned(),
         why,
@@ -61,21 +90,22 @@ pub async fn connect(url: &str) -> Result<WsStream, BusError> {
         .trim_end_matches(']')
         .to_owned();
     let port = uri.port_u16().unwrap_or(80);
-    let stream = TcpStream::connect((host.as_str(), port))
+    Ok((request, host, port))
+}
+
+/// The socket address a `ws://` URL names (for serving a bus there).
+pub async fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BusError> {
+    let (_, host, port) = parse(url)?;
+    let not_found = |why: String| BusError::BadUrl {
+        url: url.to_owned(),
+        why,
+    };
+    let mut addrs = tokio::net::lookup_host((host.as_str(), port))
         .await
-        .map_err(|source| BusError::Connect {
-            url: url.to_owned(),
-            source,
-        })?;
-    tcp::tune(&stream);
-    let (ws, _) =
-        tokio_tungstenite::client_async_with_config(request, stream, Some(super::ws_config()))
-            .await
-            .map_err(|e| BusError::Handshake {
-                url: url.to_owned(),
-                source: Box::new(e),
-            })?;
-    Ok(ws)
+        .map_err(|e| not_found(e.to_string()))?;
+    addrs
+        .next()
+        .ok_or_else(|| not_found(format!("{host} has no address")))
 }
 
 /// Keeps a connection to `url` until shutdown: reconnects with backoff (100 ms

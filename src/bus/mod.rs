@@ -1,7 +1,9 @@
 //! The OVOS messagebus side: the envelope, a reconnecting client, the embedded
-//! bus server, and the socket options every bus socket gets.
+//! bus server, the socket options every bus socket gets, and where the bus is
+//! (mycroft.conf).
 
 pub mod client;
+pub mod config;
 pub mod envelope;
 pub mod server;
 pub mod tcp;
