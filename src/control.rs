@@ -191,7 +191,7 @@ pub fn status(catalog: &Catalog) -> Value {
         .map(|(id, entry)| {
             let s = entry.handle.stats().snapshot();
             let reason = match &entry.state {
-                State::Failed { reason } => Some(reason.clone()),
+                State::Failed { reason } | State::Conflict { reason } => Some(reason.clone()),
                 State::Restarting { last_exit } => Some(last_exit.clone()),
                 _ => None,
             };

@@ -1,6 +1,7 @@
 //! `toolboxd run`: wires the bus, the supervisor and the service together and
 //! handles signals.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,6 +37,11 @@ pub struct RunOptions {
     pub bus: BusMode,
     /// Where the control socket is created.
     pub control: PathBuf,
+    /// Answer only the persona topics, leaving `ovos.tools.*` to another daemon.
+    pub host_only: bool,
+    /// How long to listen for other hosts' toolbox ids at start and reload
+    /// (zero: do not ask).
+    pub peer_probe: std::time::Duration,
 }
 
 /// Why the daemon could not run.
@@ -117,13 +123,17 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     }
     let (out_tx, out_rx) = mpsc::unbounded_channel();
     let (reload_tx, mut reload_rx) = mpsc::channel(8);
-    let service = Service::new(registry.clone(), out_tx, reload_tx);
+    let service = Service::new(registry.clone(), out_tx, reload_tx, !options.host_only);
+    let peer_probe = options.peer_probe;
     let (connected_tx, mut connected) = watch::channel(false);
     let bus_task = tokio::spawn(client::run(
         url.clone(),
         first,
         out_rx,
-        move |frame| service.dispatch(frame),
+        {
+            let service = service.clone();
+            move |frame| service.dispatch(frame)
+        },
         connected_tx,
         shutdown.clone(),
     ));
@@ -137,8 +147,10 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     ));
     tracing::info!(path = %options.control.display(), "control socket listening");
 
-    supervisor.wait_started().await;
     let _ = connected.wait_for(|up| *up).await;
+    let taken = peers(&service, peer_probe).await;
+    supervisor.admit(&taken).await;
+    supervisor.wait_started().await;
     let catalog = registry.snapshot();
     tracing::info!(
         bus = %url,
@@ -160,14 +172,14 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
             _ = interrupt.recv() => break,
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading manifests");
-                reload(&mut supervisor, &notifier).await;
+                reload(&mut supervisor, &service, peer_probe, &notifier).await;
             }
             Some(reply) = reload_rx.recv() => {
-                let _ = reply.send(reload(&mut supervisor, &notifier).await);
+                let _ = reply.send(reload(&mut supervisor, &service, peer_probe, &notifier).await);
             }
             Some(request) = control_rx.recv() => {
                 let answer = if request.method == control::Method::Reload {
-                    Ok(reload_json(&reload(&mut supervisor, &notifier).await))
+                    Ok(reload_json(&reload(&mut supervisor, &service, peer_probe, &notifier).await))
                 } else {
                     operate(&mut supervisor, &registry, request.method).await
                 };
@@ -201,7 +213,8 @@ async fn operate(
     };
     let outcome = match method {
         Method::Status => return Ok(control::status(&registry.snapshot())),
-        Method::Reload => return Ok(reload_json(&supervisor.reload().await)),
+        // Reloads go through `reload` in the main loop (peers, systemd).
+        Method::Reload => return Err("reload is handled by the main loop".to_owned()),
         Method::Restart(id) => toolbox(&id)?.restart().await,
         Method::Stop(id) => toolbox(&id)?.stop().await,
         Method::Start(id) => toolbox(&id)?.start().await,
@@ -209,13 +222,27 @@ async fn operate(
     outcome.map(serde_json::Value::String)
 }
 
+/// Toolbox ids other hosts on the bus answer for.
+async fn peers(service: &Service, window: std::time::Duration) -> BTreeSet<String> {
+    if window.is_zero() {
+        return BTreeSet::new();
+    }
+    service.probe_peers(window).await
+}
+
 /// A reload, announced to systemd around it.
-async fn reload(supervisor: &mut Supervisor, notifier: &Notifier) -> ReloadReport {
+async fn reload(
+    supervisor: &mut Supervisor,
+    service: &Service,
+    window: std::time::Duration,
+    notifier: &Notifier,
+) -> ReloadReport {
     notifier.send(&format!(
         "RELOADING=1\nMONOTONIC_USEC={}",
         crate::notify::monotonic_usec()
     ));
-    let report = supervisor.reload().await;
+    let taken = peers(service, window).await;
+    let report = supervisor.reload(&taken).await;
     notifier.send("READY=1");
     report
 }

@@ -73,6 +73,14 @@ enum Command {
         /// /run/toolboxd.sock as root, or /tmp/toolboxd-UID.sock).
         #[arg(long)]
         control: Option<PathBuf>,
+        /// Host toolboxes only (persona topics); leave ovos.tools.* to another
+        /// daemon on the bus.
+        #[arg(long)]
+        host_only: bool,
+        /// Milliseconds to listen, at start and reload, for other hosts'
+        /// toolbox ids (0: do not ask).
+        #[arg(long, default_value_t = 100)]
+        peer_probe_ms: u64,
     },
     /// Operate a running daemon through its control socket.
     Ctl {
@@ -196,6 +204,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             bus,
             embedded_bus,
             control,
+            host_only,
+            peer_probe_ms,
         } => {
             let control = control.unwrap_or_else(toolboxd::control::default_path);
             let bus = match (bus, embedded_bus) {
@@ -207,6 +217,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 manifests,
                 bus,
                 control,
+                host_only,
+                peer_probe: Duration::from_millis(peer_probe_ms),
             })
             .await?;
             Ok(ExitCode::SUCCESS)

@@ -144,12 +144,20 @@ pub struct Entry {
     pub state: State,
     /// Its last known tools.
     pub tools: Arc<ToolSet>,
+    /// Whether it may answer on the bus: not until no other host on the bus
+    /// turned out to answer for the same id (see `Supervisor::admit`).
+    pub admitted: bool,
 }
 
 impl Entry {
-    /// Listed on discover and the flat namespace: `ready` or `restarting`.
+    /// Hosted on the bus: admitted, and neither stopped nor refused.
+    pub fn is_hosted(&self) -> bool {
+        self.admitted && !matches!(self.state, State::Stopped | State::Conflict { .. })
+    }
+
+    /// Listed on discover and the flat namespace: hosted, and `ready` or `restarting`.
     pub fn is_listed(&self) -> bool {
-        matches!(self.state, State::Ready | State::Restarting { .. })
+        self.admitted && matches!(self.state, State::Ready | State::Restarting { .. })
     }
 }
 
@@ -249,7 +257,7 @@ impl Registry {
         *current = Arc::new(Catalog::build(entries));
     }
 
-    /// Hosts a new toolbox (replacing any entry of the same id).
+    /// Adds a toolbox, not yet admitted (replacing any entry of the same id).
     pub fn insert(&self, id: &str, handle: ToolboxHandle, state: State) {
         self.update(|entries| {
             entries.insert(
@@ -258,8 +266,18 @@ impl Registry {
                     handle,
                     state,
                     tools: Arc::default(),
+                    admitted: false,
                 },
             );
+        });
+    }
+
+    /// Lets a toolbox answer on the bus.
+    pub fn admit(&self, id: &str) {
+        self.update(|entries| {
+            if let Some(entry) = entries.get_mut(id) {
+                entry.admitted = true;
+            }
         });
     }
 

@@ -24,6 +24,7 @@ use crate::toolbox::State;
 const DISCOVER_REFRESH: Duration = Duration::from_secs(1);
 
 pub const DISCOVER: &str = "ovos.persona.tools.discover";
+const DISCOVER_RESPONSE: &str = "ovos.persona.tools.discover.response";
 pub const PERSONA_CALL: &str = "ovos.persona.tools.call";
 pub const LIST: &str = "ovos.tools.list";
 pub const GET: &str = "ovos.tools.get";
@@ -33,6 +34,9 @@ pub const RELOAD: &str = "ovos.tools.reload";
 /// A request to rescan the manifests, answered with what happened.
 pub type ReloadRequest = oneshot::Sender<ReloadReport>;
 
+/// The context key that marks a daemon's discovery of other hosts.
+const PROBE_KEY: &str = "toolboxd_probe";
+
 /// Answers the topics, for the toolboxes in the registry.
 pub struct Service {
     /// The catalog of hosted toolboxes.
@@ -41,6 +45,13 @@ pub struct Service {
     out: mpsc::UnboundedSender<String>,
     /// The supervisor, for `ovos.tools.reload`.
     reload: mpsc::Sender<ReloadRequest>,
+    /// `false` for a toolbox host only: the flat `ovos.tools.*` topics are
+    /// left to another daemon on the bus.
+    flat: bool,
+    /// This daemon's mark on its discovery of other hosts (see `probe_peers`).
+    instance: String,
+    /// Where toolbox ids answered by other hosts go while a probe runs.
+    peers: std::sync::Mutex<Option<mpsc::UnboundedSender<String>>>,
 }
 
 /// The one field read before deciding whether a frame is ours.
@@ -87,12 +98,56 @@ impl Service {
         registry: Arc<Registry>,
         out: mpsc::UnboundedSender<String>,
         reload: mpsc::Sender<ReloadRequest>,
+        flat: bool,
     ) -> Arc<Service> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
         Arc::new(Service {
             registry,
             out,
             reload,
+            flat,
+            instance: format!("toolboxd-{}-{nanos}", std::process::id()),
+            peers: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Asks every host on the bus which toolboxes it answers for (a
+    /// `ovos.persona.tools.discover` of our own, which our own service does
+    /// not answer) and collects the ids for `window`.
+    pub async fn probe_peers(&self, window: Duration) -> std::collections::BTreeSet<String> {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        let mut probe = Message::new(DISCOVER, Object::new());
+        probe
+            .context
+            .insert("source".to_owned(), Value::String("toolboxd".to_owned()));
+        probe
+            .context
+            .insert(PROBE_KEY.to_owned(), Value::String(self.instance.clone()));
+        self.send(probe);
+        tokio::time::sleep(window).await;
+        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let mut ids = std::collections::BTreeSet::new();
+        while let Ok(id) = rx.try_recv() {
+            ids.insert(id);
+        }
+        ids
+    }
+
+    /// A discover response to our probe: note the id another host answers for.
+    fn note_peer(&self, frame: &str) {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(tx) = peers.as_ref() else { return };
+        let Ok(answer) = Message::decode(frame) else {
+            return;
+        };
+        let ours = answer.context.get(PROBE_KEY).and_then(Value::as_str) == Some(&self.instance);
+        if let (true, Some(id)) = (ours, answer.data.get("toolbox_id").and_then(Value::as_str)) {
+            let _ = tx.send(id.to_owned());
+        }
     }
 
     /// Handles one incoming frame without waiting: malformed frames are logged
@@ -110,7 +165,19 @@ impl Service {
                 return;
             }
         };
+        if topic == DISCOVER_RESPONSE {
+            self.note_peer(frame);
+            return;
+        }
         let Some(topic) = route(&topic) else { return };
+        if !self.flat
+            && matches!(
+                topic,
+                Topic::List | Topic::Get | Topic::Invoke | Topic::Reload
+            )
+        {
+            return;
+        }
         let request = match Message::decode(frame) {
             Ok(request) => request,
             Err(e) => {
@@ -151,7 +218,14 @@ impl Service {
     }
 
     /// One response per listed toolbox, each refreshed first (within a second).
+    /// Another daemon's probe is answered at once, without refreshing; our own
+    /// probe is not answered.
     async fn discover(&self, request: &Message) {
+        match request.context.get(PROBE_KEY).and_then(Value::as_str) {
+            Some(mark) if mark == self.instance => return,
+            Some(_) => return self.answer_discover(request),
+            None => {}
+        }
         let before = self.registry.snapshot();
         let refreshes: Vec<_> = before
             .listed()
@@ -162,6 +236,10 @@ impl Service {
             .collect();
         let _ =
             tokio::time::timeout(DISCOVER_REFRESH, futures_util::future::join_all(refreshes)).await;
+        self.answer_discover(request);
+    }
+
+    fn answer_discover(&self, request: &Message) {
         let catalog = self.registry.snapshot();
         for (id, entry) in catalog.listed() {
             let tools: Vec<Value> = entry.tools.iter().map(|t| t.definition.clone()).collect();
@@ -175,10 +253,7 @@ impl Service {
     /// `ovos.persona.tools.call` and its predecessor: silent unless we host `id`.
     async fn persona_call(&self, request: &Message, id: &str) {
         let catalog = self.registry.snapshot();
-        let Some(entry) = catalog.toolbox(id) else {
-            return;
-        };
-        if entry.state == State::Stopped {
+        if !catalog.toolbox(id).is_some_and(|e| e.is_hosted()) {
             return;
         }
         let answer = match request.data.get("name").and_then(Value::as_str) {

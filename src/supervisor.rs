@@ -1,7 +1,7 @@
 //! The owner of the set of toolbox actors: starts one per manifest, applies a
 //! manifest reload as a diff, and stops them all on shutdown.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -26,6 +26,8 @@ struct Hosted {
     manifest: Manifest,
     /// Its actor.
     handle: ToolboxHandle,
+    /// Whether it answers on the bus yet (after the check for other hosts).
+    admitted: bool,
 }
 
 /// Starts, reloads and stops toolbox actors.
@@ -59,13 +61,55 @@ impl Supervisor {
 
     fn host(&mut self, manifest: Manifest) {
         let handle = toolbox::spawn(manifest.clone(), self.registry.clone());
-        self.hosted
-            .insert(manifest.id.clone(), Hosted { manifest, handle });
+        self.hosted.insert(
+            manifest.id.clone(),
+            Hosted {
+                manifest,
+                handle,
+                admitted: false,
+            },
+        );
     }
 
     /// The handle of toolbox `id`.
     pub fn handle(&self, id: &str) -> Option<ToolboxHandle> {
         self.hosted.get(id).map(|h| h.handle.clone())
+    }
+
+    /// Lets every toolbox not yet on the bus answer there, except those whose
+    /// id another host already answers for (`taken`): OVOS-TOOLS-1 §3 wants ids
+    /// unique on a bus, so those are stopped and reported as `conflict`.
+    /// Returns (manifest path, reason) per refused toolbox.
+    pub async fn admit(&mut self, taken: &BTreeSet<String>) -> Vec<(String, String)> {
+        let waiting: Vec<String> = self
+            .hosted
+            .iter()
+            .filter(|(_, h)| !h.admitted)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut refused = Vec::new();
+        for id in waiting {
+            if !taken.contains(&id) {
+                self.registry.admit(&id);
+                if let Some(h) = self.hosted.get_mut(&id) {
+                    h.admitted = true;
+                }
+                continue;
+            }
+            let reason = format!(
+                "another host on the bus already answers for toolbox_id '{id}', so this daemon \
+                 does not host it (ids must be unique on a bus); rename one, or stop the other \
+                 and reload"
+            );
+            tracing::error!(toolbox = %id, "{reason}");
+            if let Some(h) = self.hosted.remove(&id) {
+                let _ = h.handle.stop().await;
+                refused.push((h.manifest.path.display().to_string(), reason.clone()));
+            }
+            self.registry
+                .set(&id, toolbox::State::Conflict { reason }, None);
+        }
+        refused
     }
 
     /// Handles of every hosted toolbox.
@@ -83,7 +127,8 @@ impl Supervisor {
     /// removed ones drain and stop, changed ones get a rolling restart into
     /// their new configuration, unchanged ones only refresh their tools. A manifest that became invalid is reported and
     /// its running toolbox keeps its old configuration.
-    pub async fn reload(&mut self) -> ReloadReport {
+    /// New toolboxes whose id is in `taken` (answered by another host) are refused.
+    pub async fn reload(&mut self, taken: &BTreeSet<String>) -> ReloadReport {
         let set = manifest::load_dirs(&self.dirs);
         let mut report = ReloadReport::default();
         let broken: HashSet<PathBuf> = set.errors.iter().map(|e| e.path.clone()).collect();
@@ -146,12 +191,14 @@ impl Supervisor {
         });
         join_all(stops).await;
         join_all(refresh.iter().map(|h| h.refresh())).await;
+        let refused = self.admit(taken).await;
+        report.errors.extend(refused);
         self.wait_started().await;
 
         let catalog = self.registry.snapshot();
         report.loaded = catalog
             .toolboxes()
-            .filter(|(_, e)| e.state != toolbox::State::Stopped)
+            .filter(|(_, e)| e.is_hosted())
             .map(|(id, _)| id.clone())
             .collect();
         report

@@ -356,7 +356,10 @@ async fn the_bus_is_found_in_mycroft_conf_user_over_system() {
     );
     let env = [
         ("XDG_CONFIG_HOME", home.path().to_str().unwrap().to_owned()),
-        ("MYCROFT_SYSTEM_CONFIG", home.path().join("system.conf").to_str().unwrap().to_owned()),
+        (
+            "MYCROFT_SYSTEM_CONFIG",
+            home.path().join("system.conf").to_str().unwrap().to_owned(),
+        ),
     ];
     let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let dir = TempDir::new("cfg-run");
@@ -364,25 +367,41 @@ async fn the_bus_is_found_in_mycroft_conf_user_over_system() {
     // No bus flag: the daemon reads the config, finds nothing listening, embeds there.
     let daemon = Daemon::start_env(&["--manifests", dir.path().to_str().unwrap()], &env_refs);
     assert_eq!(daemon.url, format!("ws://127.0.0.1:{port}/core"));
-    assert!(!daemon.log_lines_with("serving an embedded bus there").is_empty());
+    assert!(!daemon
+        .log_lines_with("serving an embedded bus there")
+        .is_empty());
     // The client commands read the same files.
     let out = std::process::Command::new(BIN)
         .args(["call", "add", "--args", r#"{"a":1,"b":2}"#])
         .envs(env_refs.iter().copied())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(serde_json::from_slice::<Value>(&out.stdout).unwrap()["result"]["result"], 3);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        serde_json::from_slice::<Value>(&out.stdout).unwrap()["result"]["result"],
+        3
+    );
 
     // A malformed user file is reported, and the system file still counts.
     home.write("mycroft/mycroft.conf", "{\"websocket\": {\"port\": ");
-    home.write("system.conf", &format!("{{\"websocket\": {{\"port\": {port}}}}}"));
+    home.write(
+        "system.conf",
+        &format!("{{\"websocket\": {{\"port\": {port}}}}}"),
+    );
     let out = std::process::Command::new(BIN)
         .args(["list"])
         .envs(env_refs.iter().copied())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("mycroft.conf is not valid JSON"), "{err}");
 }

@@ -38,6 +38,8 @@ pub enum State {
     Failed { reason: String },
     /// Stopped by an operator or `enabled = false`: not hosted.
     Stopped,
+    /// Not hosted because another host on the bus answers for this id.
+    Conflict { reason: String },
 }
 
 impl State {
@@ -49,6 +51,7 @@ impl State {
             State::Restarting { .. } => "restarting",
             State::Failed { .. } => "failed",
             State::Stopped => "stopped",
+            State::Conflict { .. } => "conflict",
         }
     }
 }
