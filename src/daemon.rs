@@ -155,7 +155,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     tracing::info!(
         bus = %url,
         toolboxes = catalog.toolboxes().count(),
-        tools = catalog.all_definitions().len(),
+        tools = catalog.listed_tool_count(),
         "ready"
     );
 

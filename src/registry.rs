@@ -168,6 +168,9 @@ pub struct Catalog {
     entries: BTreeMap<String, Entry>,
     /// Flat namespace over listed toolboxes: tool name → owning toolbox ids.
     owners: HashMap<String, Vec<String>>,
+    /// Every listed tool definition as one JSON array, serialized on first
+    /// use: `ovos.tools.list` then costs a copy, not a walk of every schema.
+    definitions_json: std::sync::OnceLock<String>,
 }
 
 /// What a flat-namespace name resolves to.
@@ -191,7 +194,11 @@ impl Catalog {
                     .push(id.clone());
             }
         }
-        Catalog { entries, owners }
+        Catalog {
+            entries,
+            owners,
+            definitions_json: std::sync::OnceLock::new(),
+        }
     }
 
     /// The hosted toolbox `id`.
@@ -230,6 +237,26 @@ impl Catalog {
         self.listed()
             .flat_map(|(_, e)| e.tools.iter().map(|t| t.definition.clone()))
             .collect()
+    }
+
+    /// How many tools are listed.
+    pub fn listed_tool_count(&self) -> usize {
+        self.listed().map(|(_, e)| e.tools.len()).sum()
+    }
+
+    /// [`Catalog::all_definitions`] as a JSON array, serialized once per snapshot.
+    pub fn definitions_json(&self) -> &str {
+        self.definitions_json.get_or_init(|| {
+            let mut out = String::from("[");
+            for (i, tool) in self.listed().flat_map(|(_, e)| e.tools.iter()).enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&tool.definition.to_string());
+            }
+            out.push(']');
+            out
+        })
     }
 }
 

@@ -153,6 +153,13 @@ impl Service {
     /// Handles one incoming frame without waiting: malformed frames are logged
     /// and dropped; requests on our topics get a task each.
     pub fn dispatch(self: &Arc<Self>, frame: &str) {
+        // Most frames are answers (ours echoed back included), some of them
+        // large: skip those without parsing when the topic comes first.
+        if let Some(topic) = leading_topic(frame) {
+            if topic.ends_with(".response") && topic != DISCOVER_RESPONSE {
+                return;
+            }
+        }
         let topic = match serde_json::from_str::<Head>(frame) {
             Ok(Head {
                 msg_type: Some(topic),
@@ -208,8 +215,10 @@ impl Service {
             }
             Topic::Predecessor(id) => self.persona_call(&request, &id).await,
             Topic::List => {
-                let tools = self.registry.snapshot().all_definitions();
-                self.respond(&request, object! {"tools" => tools});
+                let catalog = self.registry.snapshot();
+                let data = format!("{{\"tools\":{}}}", catalog.definitions_json());
+                let frame = request.response(Object::new()).encode_with_raw_data(&data);
+                let _ = self.out.send(frame);
             }
             Topic::Get => self.get(&request),
             Topic::Invoke => self.invoke(&request).await,
@@ -389,6 +398,15 @@ impl Service {
     }
 }
 
+/// The topic of a frame that starts `{"type": "<topic>"` with no escapes in it,
+/// as every OVOS client writes them; `None` means "parse to find out".
+fn leading_topic(frame: &str) -> Option<&str> {
+    let rest = frame.strip_prefix("{\"type\":")?;
+    let rest = rest.strip_prefix(' ').unwrap_or(rest).strip_prefix('"')?;
+    let end = rest.find(['"', '\\'])?;
+    (rest.as_bytes()[end] == b'"').then(|| &rest[..end])
+}
+
 /// The call arguments under `key`; absent or null means `{}`.
 fn arguments(request: &Message, key: &str) -> Value {
     match request.data.get(key) {
@@ -423,6 +441,14 @@ fn ambiguous(name: &str, ids: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leading_topic_reads_only_plain_prefixes() {
+        assert_eq!(leading_topic(r#"{"type":"a.b","data":{}}"#), Some("a.b"));
+        assert_eq!(leading_topic(r#"{"type": "a.b", "data": {}}"#), Some("a.b"));
+        assert_eq!(leading_topic(r#"{"type":"a\"b"}"#), None);
+        assert_eq!(leading_topic(r#"{"data":{},"type":"a"}"#), None);
+    }
 
     #[test]
     fn routes_topics() {

@@ -155,11 +155,11 @@ pub async fn run(
             tokio::select! {
                 frame = stream.next() => match frame {
                     Some(Ok(WsMessage::Text(text))) => {
-                        tcp::quickack(&RawFd(fd));
+                        tcp::quickack(&tcp::Fd(fd));
                         on_frame(text.as_str());
                     }
                     Some(Ok(WsMessage::Close(_))) | None => break "the bus closed the connection".to_owned(),
-                    Some(Ok(_)) => tcp::quickack(&RawFd(fd)),
+                    Some(Ok(_)) => tcp::quickack(&tcp::Fd(fd)),
                     Some(Err(e)) => break format!("bus connection failed: {e}"),
                 },
                 frame = outgoing.recv() => {
@@ -191,14 +191,5 @@ pub async fn run(
         };
         let _ = connected.send(false);
         tracing::warn!(bus = %url, "{ended}; reconnecting");
-    }
-}
-
-/// A borrowed raw fd, for socket options on a stream split into halves.
-struct RawFd(std::os::fd::RawFd);
-
-impl std::os::fd::AsRawFd for RawFd {
-    fn as_raw_fd(&self) -> std::os::fd::RawFd {
-        self.0
     }
 }

@@ -91,6 +91,23 @@ impl Message {
         serde_json::to_string(&wire).unwrap_or_default()
     }
 
+    /// Encodes the message with `data` given as already serialized JSON (an
+    /// object), ignoring `self.data`: large answers are spliced, not rebuilt.
+    pub fn encode_with_raw_data(&self, data: &str) -> String {
+        // invariant: strings and JSON maps always serialize.
+        let msg_type = serde_json::to_string(&self.msg_type).unwrap_or_default();
+        let context = serde_json::to_string(&self.context).unwrap_or_default();
+        let mut out = String::with_capacity(msg_type.len() + data.len() + context.len() + 32);
+        out.push_str("{\"type\":");
+        out.push_str(&msg_type);
+        out.push_str(",\"data\":");
+        out.push_str(data);
+        out.push_str(",\"context\":");
+        out.push_str(&context);
+        out.push('}');
+        out
+    }
+
     /// OVOS-MSG-1 forward: a new topic and payload, the context copied unchanged.
     pub fn forward(&self, msg_type: impl Into<String>, data: Object) -> Message {
         Message {
@@ -193,6 +210,15 @@ mod tests {
     fn encode_round_trips() {
         let m = msg(json!({"session": {"session_id": "s"}}));
         assert_eq!(Message::decode(&m.encode()).unwrap(), m);
+    }
+
+    #[test]
+    fn raw_data_encoding_equals_the_normal_one() {
+        let mut m = msg(json!({"source": "A"})).response(Object::new());
+        let raw = "{\"tools\":[{\"name\":\"x\"}]}";
+        let spliced = Message::decode(&m.encode_with_raw_data(raw)).unwrap();
+        m.data = serde_json::from_str(raw).unwrap();
+        assert_eq!(spliced, m);
     }
 
     #[test]

@@ -128,6 +128,9 @@ async fn client(
         .unwrap_or_else(|e| e.into_inner())
         .insert(id, tx);
     tracing::debug!(%peer, id, "bus client connected");
+    // Re-armed after every read, so no client waits on a delayed ACK from us
+    // (DESIGN §5: the embedded bus stalls no client, Nagle or not).
+    let fd = std::os::fd::AsRawFd::as_raw_fd(ws.get_ref());
     let (mut sink, mut source) = ws.split();
 
     let writer = async {
@@ -149,6 +152,7 @@ async fn client(
     };
     let reader = async {
         while let Some(frame) = source.next().await {
+            tcp::quickack(&tcp::Fd(fd));
             match frame {
                 Ok(WsMessage::Text(text)) => {
                     for stuck in clients.broadcast(&text) {

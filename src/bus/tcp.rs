@@ -37,3 +37,13 @@ pub fn quickack(stream: &impl AsRawFd) {
 /// Re-arms TCP_QUICKACK (Linux); a no-op elsewhere.
 #[cfg(not(target_os = "linux"))]
 pub fn quickack(_stream: &impl AsRawFd) {}
+
+/// A raw socket fd, for options on a stream that has been split into halves.
+/// Valid only while the stream it came from is open.
+pub struct Fd(pub std::os::fd::RawFd);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.0
+    }
+}
