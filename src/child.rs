@@ -168,15 +168,9 @@ impl RpcHandle {
             id,
             done: false,
         };
-        if link
-            .stdin
-            .send(mcp::request_line(id, method, &params))
-            .is_err()
-        {
-            guard.done = true;
-            link.lock_pending().remove(&id);
-            return Err(self.closed_reason());
-        }
+        // If the writer is gone the child is dying: the request stays pending
+        // and the reaper answers it with the exit status, like every other.
+        let _ = link.stdin.send(mcp::request_line(id, method, &params));
         let answer = rx.await;
         guard.done = true;
         match answer {

@@ -13,6 +13,8 @@ use serde::Deserialize;
 /// MCP protocol versions toolboxd can speak, newest first. The first is the
 /// modern (stateless) era; the rest are legacy (initialize handshake).
 pub const MODERN_VERSIONS: &[&str] = &["2026-07-28"];
+/// Most children one toolbox may run.
+pub const MAX_INSTANCES: usize = 64;
 /// Legacy MCP protocol versions, newest first.
 pub const LEGACY_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
@@ -35,6 +37,8 @@ pub struct Manifest {
     pub env_clear: bool,
     /// `false` keeps the toolbox stopped.
     pub enabled: bool,
+    /// Children run for this toolbox; calls go to the least busy ready one.
+    pub instances: usize,
     /// `None` probes the era; `Some(version)` pins an MCP protocol version.
     pub protocol: Option<String>,
     /// When and how fast a dead child is replaced.
@@ -139,6 +143,8 @@ struct RawManifest {
     env_clear: bool,
     #[serde(default = "default_true")]
     enabled: bool,
+    #[serde(default = "default_instances")]
+    instances: usize,
     #[serde(default = "default_protocol")]
     protocol: String,
     #[serde(default)]
@@ -149,6 +155,10 @@ struct RawManifest {
 
 fn default_true() -> bool {
     true
+}
+
+fn default_instances() -> usize {
+    1
 }
 
 fn default_protocol() -> String {
@@ -273,6 +283,15 @@ impl Manifest {
         };
         check_knobs(&raw.restart, &raw.limits)
             .map_err(|(key, message)| err(key_line(key), message))?;
+        if !(1..=MAX_INSTANCES).contains(&raw.instances) {
+            return Err(err(
+                key_line("instances"),
+                format!(
+                    "instances = {} must be between 1 and {MAX_INSTANCES}",
+                    raw.instances
+                ),
+            ));
+        }
 
         Ok(Manifest {
             path: path.to_owned(),
@@ -283,6 +302,7 @@ impl Manifest {
             env: raw.env,
             env_clear: raw.env_clear,
             enabled: raw.enabled,
+            instances: raw.instances,
             protocol,
             restart: raw.restart,
             limits: raw.limits,

@@ -153,6 +153,15 @@ impl Supervisor {
             };
             match incoming.remove(&id) {
                 Some(m) if m == hosted.manifest => refresh.push(hosted.handle.clone()),
+                Some(m) if m.instances != hosted.manifest.instances => {
+                    // A different number of children: replaced, not rolled.
+                    tracing::info!(toolbox = %id, "reload: instances changed; replacing the toolbox");
+                    if let Some(old) = self.hosted.remove(&id) {
+                        let _ = old.handle.stop().await;
+                    }
+                    self.registry.remove(&id);
+                    self.host(m);
+                }
                 Some(m) => {
                     tracing::info!(toolbox = %id, "reload: manifest changed; rolling restart");
                     let handle = hosted.handle.clone();

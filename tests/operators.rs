@@ -506,3 +506,80 @@ fn systemd_hears_ready_reloading_watchdog_and_stopping() {
         "{tail:?}"
     );
 }
+
+#[tokio::test]
+async fn instances_share_the_calls_and_survive_each_other() {
+    let dir = TempDir::new("replicas");
+    dir.write(
+        "fixture.toml",
+        &fixture_manifest(
+            "fixture",
+            "instances = 2\n[restart]\nbackoff_initial_ms = 50\n",
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let row = daemon.status("fixture");
+    assert_eq!(row["instances"], 2);
+    assert_eq!(row["pids"].as_array().unwrap().len(), 2, "{row}");
+    let mut bus = Bus::connect(&daemon.url).await;
+    // Concurrent slow calls spread over both children.
+    for i in 0..8 {
+        bus.send(
+            "ovos.persona.tools.call",
+            json!({"toolbox_id": "fixture", "name": "slow_whoami", "kwargs": {"seconds": 0.3}}),
+            json!({"mark": format!("r{i}")}),
+        )
+        .await;
+    }
+    let mut pids = std::collections::HashSet::new();
+    let mut answered = 0;
+    while answered < 8 {
+        let m = bus.next(Duration::from_secs(10)).await.expect("answers");
+        if m["type"] == "ovos.persona.tools.call.response"
+            && m["context"]["mark"]
+                .as_str()
+                .is_some_and(|k| k.starts_with('r'))
+        {
+            pids.insert(m["data"]["result"]["pid"].as_i64().unwrap());
+            answered += 1;
+        }
+    }
+    assert_eq!(pids.len(), 2, "calls went to {pids:?}");
+    // One child dies: once the daemon has noticed, the other answers at once
+    // while the dead one restarts.
+    let victim = *pids.iter().next().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while daemon.status("fixture")["restarts"] != 1 {
+        assert!(Instant::now() < deadline, "the death was never noticed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for _ in 0..5 {
+        let started = Instant::now();
+        let r = call(&mut bus, "fixture", "whoami", json!({})).await;
+        assert!(
+            r["result"]["pid"].is_i64() && r["result"]["pid"] != victim,
+            "{r}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while daemon.status("fixture")["pids"].as_array().unwrap().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the dead instance never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A rolling restart rolls every instance.
+    let (code, out, err) = daemon.ctl(&["restart", "fixture"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("instance 0: restarted") && out.contains("instance 1: restarted"),
+        "{out}"
+    );
+}

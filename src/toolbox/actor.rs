@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
+use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
 use super::{Command, Deadlines, Outcome, Serving, Slot, State, Stats};
 use crate::child::{Child, ChildEvent, ExitInfo, RpcFailure};
 use crate::manifest::Manifest;
 use crate::mcp::ToolSpec;
-use crate::registry::{Registry, Tool, ToolSet};
+use crate::registry::{Tool, ToolSet};
 use crate::session::Session;
 
 /// How long a child gets to exit after its stdin closes, and again after SIGTERM.
@@ -30,8 +31,8 @@ type Reply = oneshot::Sender<Outcome>;
 pub(super) struct Outbox {
     /// Which child serves calls.
     pub(super) slot: watch::Sender<Slot>,
-    /// How long calls may take.
-    pub(super) deadlines: watch::Sender<Arc<Deadlines>>,
+    /// How long calls may take (one sender shared by the replicas).
+    pub(super) deadlines: Arc<watch::Sender<Arc<Deadlines>>>,
 }
 
 /// What the actor is doing.
@@ -96,8 +97,10 @@ impl Down {
 pub(super) struct Actor {
     /// The configuration this actor runs.
     manifest: Manifest,
-    /// Where tools and state are published.
-    registry: Arc<Registry>,
+    /// Where tools and state are published (shared by the toolbox's replicas).
+    publisher: Arc<Publisher>,
+    /// This replica's index among the toolbox's `instances`.
+    index: usize,
     /// Where callers learn which child serves and how long calls may take.
     out: Outbox,
     /// The mailbox.
@@ -118,7 +121,8 @@ pub(super) struct Actor {
 impl Actor {
     pub(super) fn new(
         manifest: Manifest,
-        registry: Arc<Registry>,
+        publisher: Arc<Publisher>,
+        index: usize,
         out: Outbox,
         commands: mpsc::Receiver<Command>,
         stats: Arc<Stats>,
@@ -126,7 +130,8 @@ impl Actor {
         Actor {
             pin: manifest.protocol.clone(),
             manifest,
-            registry,
+            publisher,
+            index,
             out,
             commands,
             stats,
@@ -141,13 +146,12 @@ impl Actor {
     }
 
     fn publish(&self, state: State, tools: Option<Arc<ToolSet>>) {
-        self.registry.set(&self.manifest.id, state, tools);
+        self.publisher.publish(self.index, state, tools);
     }
 
     fn set_stopped(&self) {
         self.publish(State::Stopped, None);
         let _ = self.out.slot.send(Slot::Stopped);
-        self.stats.set_ready(None, None);
     }
 
     pub(super) async fn run(mut self) {
@@ -258,6 +262,7 @@ impl Actor {
             session: launched.session,
             pid,
             permits: Semaphore::new(self.manifest.limits.max_concurrent_calls),
+            since: Instant::now(),
         });
         tracing::info!(
             toolbox = self.id(),
@@ -268,10 +273,7 @@ impl Actor {
         );
         self.publish(State::Ready, Some(launched.tools));
         let _ = self.out.slot.send(Slot::Serving(serving.clone()));
-        self.stats.set_ready(
-            Some(Instant::now()),
-            Some(serving.session.era().to_string()),
-        );
+        self.stats.set_era(serving.session.era().to_string());
         Running {
             child: launched.child,
             events: launched.events,
@@ -461,7 +463,6 @@ impl Actor {
 
     /// Applies the restart policy to a child that went down.
     fn went_down(&mut self, down: Down) -> Phase {
-        self.stats.set_ready(None, None);
         self.stats.set_last_exit(down.text.clone());
         let knobs = &self.manifest.restart;
         match self.budget.after_exit(knobs, down.exit, down.uptime) {

@@ -8,6 +8,7 @@
 //! its own deadline; a `failed` toolbox answers at once.
 
 mod actor;
+mod replicas;
 pub mod restart;
 
 use std::collections::{BTreeMap, VecDeque};
@@ -65,6 +66,8 @@ struct Serving {
     /// `max_concurrent_calls` permits; tokio's semaphore is fair, so waiting
     /// calls are served in arrival order.
     permits: Semaphore,
+    /// When it became ready, for uptime in status.
+    since: Instant,
 }
 
 /// What a caller finds when it looks for a child.
@@ -100,8 +103,6 @@ pub struct Stats {
 
 #[derive(Debug, Default)]
 struct Detail {
-    /// When the serving child became ready.
-    ready_since: Option<Instant>,
     /// How the last child ended, in words.
     last_exit: Option<String>,
     /// The MCP era and version the serving child speaks.
@@ -117,7 +118,6 @@ pub struct StatsSnapshot {
     pub calls_err: u64,
     pub in_flight: u64,
     pub restarts: u64,
-    pub uptime: Option<Duration>,
     pub last_exit: Option<String>,
     pub era: Option<String>,
     /// Median and 99th percentile of recent call latencies.
@@ -139,12 +139,8 @@ impl Stats {
             .push_back(took.as_micros().min(u32::MAX as u128) as u32);
     }
 
-    fn set_ready(&self, since: Option<Instant>, era: Option<String>) {
-        let mut d = self.detail();
-        d.ready_since = since;
-        if era.is_some() {
-            d.era = era;
-        }
+    fn set_era(&self, era: String) {
+        self.detail().era = Some(era);
     }
 
     fn set_last_exit(&self, text: String) {
@@ -167,7 +163,6 @@ impl Stats {
             calls_err: self.calls_err.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             restarts: self.restarts.load(Ordering::Relaxed),
-            uptime: d.ready_since.map(|t| t.elapsed()),
             last_exit: d.last_exit.clone(),
             era: d.era.clone(),
             p50: pick(0.5),
@@ -205,10 +200,8 @@ enum Command {
 pub struct ToolboxHandle {
     /// The toolbox_id.
     id: Arc<str>,
-    /// The actor's mailbox.
-    commands: mpsc::Sender<Command>,
-    /// Which child serves calls, published by the actor.
-    slot: watch::Receiver<Slot>,
+    /// One actor per instance (`instances` in the manifest).
+    replicas: Arc<[Replica]>,
     /// Call deadlines, published by the actor (a reload may change them).
     deadlines: watch::Receiver<Arc<Deadlines>>,
     /// Shared counters.
@@ -222,6 +215,14 @@ impl Drop for PermitGuard<'_> {
     fn drop(&mut self) {
         self.0.add_permits(1);
     }
+}
+
+/// The caller's view of one replica's actor.
+struct Replica {
+    /// The actor's mailbox.
+    commands: mpsc::Sender<Command>,
+    /// Which child serves its calls, published by the actor.
+    slot: watch::Receiver<Slot>,
 }
 
 /// How long calls may take, from the manifest's `[limits]`.
@@ -268,12 +269,15 @@ impl ToolboxHandle {
         &self.stats
     }
 
-    /// The pid of the serving child, if any.
-    pub fn pid(&self) -> Option<u32> {
-        match &*self.slot.borrow() {
-            Slot::Serving(s) => Some(s.pid),
-            _ => None,
-        }
+    /// The pids of the serving children (one per ready instance).
+    pub fn pids(&self) -> Vec<u32> {
+        self.replicas
+            .iter()
+            .filter_map(|r| match &*r.slot.borrow() {
+                Slot::Serving(s) => Some(s.pid),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Runs one call (arguments already validated) and returns the bus
@@ -340,58 +344,105 @@ impl ToolboxHandle {
         Ok(result)
     }
 
-    /// Waits for a serving child, or the reason there will be none.
+    /// Waits for a serving child — the least busy one when several serve —
+    /// or the reason there will be none.
     async fn serving(&self) -> Result<Arc<Serving>, String> {
-        let mut slot = self.slot.clone();
+        let mut slots: Vec<watch::Receiver<Slot>> =
+            self.replicas.iter().map(|r| r.slot.clone()).collect();
         loop {
-            match &*slot.borrow_and_update() {
-                Slot::Serving(s) => return Ok(s.clone()),
-                Slot::Failed(reason) => {
-                    return Err(format!(
-                        "RuntimeError: toolbox '{}' is failed: {reason}",
-                        self.id
-                    ))
+            let mut best: Option<Arc<Serving>> = None;
+            let mut failed = None;
+            let mut waiting = false;
+            for slot in &mut slots {
+                match &*slot.borrow_and_update() {
+                    Slot::Serving(s) => {
+                        if best.as_ref().is_none_or(|b| {
+                            s.permits.available_permits() > b.permits.available_permits()
+                        }) {
+                            best = Some(s.clone());
+                        }
+                    }
+                    Slot::Failed(reason) => failed = failed.or(Some(reason.clone())),
+                    Slot::Waiting => waiting = true,
+                    Slot::Stopped => {}
                 }
-                Slot::Stopped => {
-                    return Err(format!("RuntimeError: toolbox '{}' is stopped", self.id))
-                }
-                Slot::Waiting => {}
             }
-            if slot.changed().await.is_err() {
+            if let Some(serving) = best {
+                return Ok(serving);
+            }
+            if !waiting {
+                return Err(match failed {
+                    Some(reason) => {
+                        format!("RuntimeError: toolbox '{}' is failed: {reason}", self.id)
+                    }
+                    None => format!("RuntimeError: toolbox '{}' is stopped", self.id),
+                });
+            }
+            let changes = slots.iter_mut().map(|s| Box::pin(s.changed()));
+            if futures_util::future::select_all(changes).await.0.is_err() {
                 return Err(format!("RuntimeError: toolbox '{}' is stopped", self.id));
             }
         }
     }
 
-    /// Waits (up to the call timeout) until the toolbox has left `starting` or
-    /// `restarting`; `true` if it did.
+    /// Waits (up to the call timeout) until every instance has left
+    /// `starting` or `restarting`; `true` if they did.
     pub async fn wait_started(&self) -> bool {
-        let mut slot = self.slot.clone();
-        let started = async move { slot.wait_for(|s| !matches!(s, Slot::Waiting)).await.is_ok() };
         let limit = self.deadlines.borrow().call;
-        tokio::time::timeout(limit, started).await == Ok(true)
+        let all = futures_util::future::join_all(self.replicas.iter().map(|r| {
+            let mut slot = r.slot.clone();
+            async move { slot.wait_for(|s| !matches!(s, Slot::Waiting)).await.is_ok() }
+        }));
+        matches!(tokio::time::timeout(limit, all).await, Ok(v) if v.iter().all(|ok| *ok))
     }
 
-    /// Asks the actor to list the tools again and waits until it has (or the
-    /// toolbox cannot: then it returns at once).
+    /// Asks an actor (a serving instance's, if any) to list the tools again
+    /// and waits until it has (or the toolbox cannot: then it returns at once).
     pub async fn refresh(&self) {
+        let replica = self
+            .replicas
+            .iter()
+            .find(|r| matches!(&*r.slot.borrow(), Slot::Serving(_)))
+            .unwrap_or(&self.replicas[0]);
         let (done, wait) = oneshot::channel();
         let cmd = Command::Refresh {
             requested: Instant::now(),
             done,
         };
-        if self.commands.send(cmd).await.is_ok() {
+        if replica.commands.send(cmd).await.is_ok() {
             let _ = wait.await;
         }
     }
 
-    async fn command(&self, make: impl FnOnce(oneshot::Sender<Outcome>) -> Command) -> Outcome {
-        let (done, wait) = oneshot::channel();
-        if self.commands.send(make(done)).await.is_err() {
-            return Err(format!("toolbox '{}' is shutting down", self.id));
+    /// Sends a command to every instance in turn (so a restart rolls one
+    /// instance at a time) and combines their answers.
+    async fn command(&self, make: impl Fn(oneshot::Sender<Outcome>) -> Command) -> Outcome {
+        let gone = || format!("toolbox '{}' is shutting down", self.id);
+        let mut done = Vec::new();
+        let mut failed = Vec::new();
+        for (i, replica) in self.replicas.iter().enumerate() {
+            let (tx, rx) = oneshot::channel();
+            let outcome = match replica.commands.send(make(tx)).await {
+                Ok(()) => rx.await.unwrap_or_else(|_| Err(gone())),
+                Err(_) => Err(gone()),
+            };
+            let label = |text: String| {
+                if self.replicas.len() > 1 {
+                    format!("instance {i}: {text}")
+                } else {
+                    text
+                }
+            };
+            match outcome {
+                Ok(text) => done.push(label(text)),
+                Err(text) => failed.push(label(text)),
+            }
         }
-        wait.await
-            .unwrap_or_else(|_| Err(format!("toolbox '{}' is shutting down", self.id)))
+        if failed.is_empty() {
+            Ok(done.join("; "))
+        } else {
+            Err(failed.join("; "))
+        }
     }
 
     /// Drains and stops the toolbox; returns when its child is gone.
@@ -414,36 +465,67 @@ impl ToolboxHandle {
     /// configuration keeps serving.
     pub async fn reconfigure(&self, manifest: Manifest) -> Outcome {
         self.command(|done| Command::Reconfigure {
-            manifest: Box::new(manifest),
+            manifest: Box::new(manifest.clone()),
             done,
         })
         .await
     }
+
+    /// How long the longest-serving child has been ready.
+    pub fn uptime(&self) -> Option<Duration> {
+        self.replicas
+            .iter()
+            .filter_map(|r| match &*r.slot.borrow() {
+                Slot::Serving(s) => Some(s.since.elapsed()),
+                _ => None,
+            })
+            .max()
+    }
+
+    /// How many instances this toolbox runs.
+    pub fn instances(&self) -> usize {
+        self.replicas.len()
+    }
 }
 
-/// Starts the actor for `manifest` and registers it as hosted.
+/// Starts the actors for `manifest` (one per instance) and adds the toolbox
+/// to the registry.
 pub fn spawn(manifest: Manifest, registry: Arc<Registry>) -> ToolboxHandle {
-    let (commands_tx, commands) = mpsc::channel(64);
-    let (slot_tx, slot_rx) = watch::channel(Slot::Waiting);
+    let instances = manifest.instances.max(1);
     let (deadlines_tx, deadlines_rx) = watch::channel(Deadlines::of(&manifest));
+    let deadlines_tx = Arc::new(deadlines_tx);
+    let publisher = replicas::Publisher::new(&manifest.id, registry.clone(), instances);
+    let stats = Arc::new(Stats::default());
+    let mut replicas = Vec::with_capacity(instances);
+    let mut actors = Vec::with_capacity(instances);
+    for index in 0..instances {
+        let (commands_tx, commands) = mpsc::channel(64);
+        let (slot_tx, slot_rx) = watch::channel(Slot::Waiting);
+        replicas.push(Replica {
+            commands: commands_tx,
+            slot: slot_rx,
+        });
+        actors.push(actor::Actor::new(
+            manifest.clone(),
+            publisher.clone(),
+            index,
+            actor::Outbox {
+                slot: slot_tx,
+                deadlines: deadlines_tx.clone(),
+            },
+            commands,
+            stats.clone(),
+        ));
+    }
     let handle = ToolboxHandle {
         id: manifest.id.as_str().into(),
-        commands: commands_tx,
-        slot: slot_rx,
+        replicas: replicas.into(),
         deadlines: deadlines_rx,
-        stats: Arc::default(),
+        stats,
     };
     registry.insert(&manifest.id, handle.clone(), State::Starting);
-    let actor = actor::Actor::new(
-        manifest,
-        registry,
-        actor::Outbox {
-            slot: slot_tx,
-            deadlines: deadlines_tx,
-        },
-        commands,
-        handle.stats.clone(),
-    );
-    tokio::spawn(actor.run());
+    for actor in actors {
+        tokio::spawn(actor.run());
+    }
     handle
 }
