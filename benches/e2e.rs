@@ -646,6 +646,29 @@ async fn bench() {
         large.1.as_secs_f64() / small.1.as_secs_f64(), small.3, large.3
     );
 
+    // 8: a CPU-bound Python tool, instances = 2 vs 1.
+    let burn = json!({"name": "burn", "args": {"ms": 5}});
+    let mut rates = Vec::new();
+    for instances in [1, 2] {
+        let dir = tempdir(&format!("cpu{instances}"));
+        manifest(
+            &dir,
+            "cpu",
+            Path::new("python3"),
+            &[&root().join("bench/cpu_toolbox.py").display().to_string()],
+            &format!("instances = {instances}"),
+        );
+        let (d, _) = daemon(&url, &dir);
+        rates.push(load(&url, "ovos.tools.invoke", burn.clone(), 8).await.rate);
+        drop(d);
+    }
+    println!(
+        "8: CPU-bound Python tool (5 ms), C=8: instances=1 {:.0} calls/s, instances=2 {:.0} calls/s -> {:.2}x",
+        rates[0],
+        rates[1],
+        rates[1] / rates[0]
+    );
+
     // 9: 100 concurrent 0.2 s calls to one toolbox.
     let dir = tempdir("concurrent");
     manifest(
