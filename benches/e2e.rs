@@ -148,16 +148,7 @@ fn port_of(url: &str) -> String {
 fn daemon(url: &str, dir: &Path) -> (Proc, Duration) {
     let started = Instant::now();
     let mut child = Command::new(TOOLBOXD)
-        .args([
-            "--log-format",
-            "json",
-            "run",
-            "--peer-probe-ms",
-            "0",
-            "--bus",
-            url,
-            "--manifests",
-        ])
+        .args(["--log-format", "json", "run", "--bus", url, "--manifests"])
         .arg(dir)
         .arg("--control")
         .arg(dir.join("ctl.sock"))

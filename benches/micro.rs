@@ -30,7 +30,9 @@ fn add_tool() -> Tool {
 }
 
 fn envelope(c: &mut Criterion) {
-    c.bench_function("envelope decode", |b| b.iter(|| Message::decode(black_box(INVOKE)).unwrap()));
+    c.bench_function("envelope decode", |b| {
+        b.iter(|| Message::decode(black_box(INVOKE)).unwrap())
+    });
     let request = Message::decode(INVOKE).unwrap();
     c.bench_function("envelope response + encode", |b| {
         b.iter(|| {
@@ -46,7 +48,9 @@ fn validation(c: &mut Criterion) {
     let tool = add_tool();
     let good = json!({"a": 2, "b": 3});
     let bad = json!({"a": 2, "b": "x"});
-    c.bench_function("arguments valid", |b| b.iter(|| tool.check_arguments(black_box(&good)).unwrap()));
+    c.bench_function("arguments valid", |b| {
+        b.iter(|| tool.check_arguments(black_box(&good)).unwrap())
+    });
     c.bench_function("arguments invalid (error text)", |b| {
         b.iter(|| tool.check_arguments(black_box(&bad)).unwrap_err())
     });
@@ -59,7 +63,9 @@ fn registry(c: &mut Criterion) {
     // measure the lookup on the snapshot type directly.
     let registry = Arc::new(Registry::default());
     let catalog = registry.snapshot();
-    c.bench_function("registry snapshot", |b| b.iter(|| black_box(registry.snapshot())));
+    c.bench_function("registry snapshot", |b| {
+        b.iter(|| black_box(registry.snapshot()))
+    });
     c.bench_function("flat resolve (miss)", |b| {
         b.iter(|| matches!(catalog.resolve(black_box("add")), Resolved::Unknown))
     });
@@ -67,12 +73,22 @@ fn registry(c: &mut Criterion) {
 
 fn child_lines(c: &mut Criterion) {
     let line = br#"{"jsonrpc":"2.0","id":42,"result":{"content":[{"type":"text","text":"{\"result\":5}"}],"structuredContent":{"result":5}}}"#;
-    c.bench_function("child response parse", |b| b.iter(|| mcp::parse_line(black_box(line)).unwrap()));
+    c.bench_function("child response parse", |b| {
+        b.iter(|| mcp::parse_line(black_box(line)).unwrap())
+    });
     c.bench_function("child request line", |b| {
-        b.iter(|| mcp::request_line(black_box(42), "tools/call", &json!({"name": "add", "arguments": {"a": 2, "b": 3}})))
+        b.iter(|| {
+            mcp::request_line(
+                black_box(42),
+                "tools/call",
+                &json!({"name": "add", "arguments": {"a": 2, "b": 3}}),
+            )
+        })
     });
     let result = json!({"content": [{"type": "text", "text": "{\"result\":5}"}], "structuredContent": {"result": 5}});
-    c.bench_function("result mapping", |b| b.iter(|| mcp::map_call_result(black_box(result.clone()), true).unwrap()));
+    c.bench_function("result mapping", |b| {
+        b.iter(|| mcp::map_call_result(black_box(result.clone()), true).unwrap())
+    });
 }
 
 criterion_group!(benches, envelope, validation, registry, child_lines);
