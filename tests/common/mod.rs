@@ -150,12 +150,15 @@ impl Daemon {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).unwrap_or_else(|_| {
+            let Ok(line) = rx.recv_timeout(left) else {
+                // Do not leave a half-started daemon behind.
+                let _ = child.kill();
+                let _ = child.wait();
                 panic!(
                     "toolboxd did not become ready; log:\n{}",
                     logs.lock().unwrap().join("\n")
-                )
-            });
+                );
+            };
             let Ok(v) = serde_json::from_str::<Value>(&line) else {
                 continue;
             };
