@@ -96,106 +96,43 @@ fn check_probe_reports_a_child_that_does_not_speak_mcp() {
     );
 }
 
-#[tokio::test]
-async fn list_and_call_print_json_and_exit_1_on_error_answers() {
+#[test]
+fn list_and_call_print_json_and_exit_1_on_error_answers() {
     let dir = TempDir::new("cli");
     dir.write("math.toml", &math_manifest("math"));
     dir.write("text.toml", &text_manifest("text"));
     let daemon = Daemon::start(dir.path());
-    let url = daemon.url.clone();
-    let run = move |args: Vec<String>| {
-        let mut full = args;
-        full.extend(["--bus".to_owned(), url.clone()]);
-        let refs: Vec<&str> = full.iter().map(String::as_str).collect();
-        toolboxd(&refs)
+    let run = |args: &[&str]| {
+        let mut full = args.to_vec();
+        full.extend(["--bus", &daemon.url]);
+        let (code, out, err) = toolboxd(&full);
+        let json = serde_json::from_str::<Value>(&out).unwrap_or(Value::Null);
+        (code, json, err)
     };
-    let (code, out, err) = tokio::task::spawn_blocking({
-        let run = run.clone();
-        move || {
-            run(vec![
-                "call".into(),
-                "add".into(),
-                "--args".into(),
-                r#"{"a":2,"b":3}"#.into(),
-            ])
-        }
-    })
-    .await
-    .unwrap();
+    let (code, out, err) = run(&["call", "add", "--args", r#"{"a":2,"b":3}"#]);
     assert_eq!(code, 0, "{out}{err}");
-    assert_eq!(
-        serde_json::from_str::<Value>(&out).unwrap(),
-        json!({"name": "add", "result": {"result": 5}})
-    );
-
-    let (code, out, _) = tokio::task::spawn_blocking({
-        let run = run.clone();
-        move || {
-            run(vec![
-                "call".into(),
-                "shout".into(),
-                "--toolbox".into(),
-                "text".into(),
-                "--args".into(),
-                r#"{"text":"a"}"#.into(),
-            ])
-        }
-    })
-    .await
-    .unwrap();
+    assert_eq!(out, json!({"name": "add", "result": {"result": 5}}));
+    let (code, out, _) = run(&[
+        "call",
+        "shout",
+        "--toolbox",
+        "text",
+        "--args",
+        r#"{"text":"a"}"#,
+    ]);
     assert_eq!(code, 0);
-    assert_eq!(
-        serde_json::from_str::<Value>(&out).unwrap(),
-        json!({"toolbox_id": "text", "result": {"text": "A"}})
-    );
-
-    let (code, out, _) = tokio::task::spawn_blocking({
-        let run = run.clone();
-        move || {
-            run(vec![
-                "call".into(),
-                "sqrt".into(),
-                "--args".into(),
-                r#"{"number":-1}"#.into(),
-            ])
-        }
-    })
-    .await
-    .unwrap();
+    assert_eq!(out, json!({"toolbox_id": "text", "result": {"text": "A"}}));
+    let (code, out, _) = run(&["call", "sqrt", "--args", r#"{"number":-1}"#]);
     assert_eq!(code, 1);
     assert_eq!(
-        serde_json::from_str::<Value>(&out).unwrap()["error"],
+        out["error"],
         "ValueError: cannot take the square root of -1"
     );
-
-    let (code, out, _) = tokio::task::spawn_blocking({
-        let run = run.clone();
-        move || run(vec!["list".into()])
-    })
-    .await
-    .unwrap();
+    let (code, out, _) = run(&["list"]);
     assert_eq!(code, 0);
-    assert_eq!(
-        serde_json::from_str::<Value>(&out).unwrap()["tools"]
-            .as_array()
-            .unwrap()
-            .len(),
-        6
-    );
-
+    assert_eq!(out["tools"].as_array().unwrap().len(), 6);
     // A persona call nobody answers: exit 1 with a message, not a hang.
-    let (code, _, err) = tokio::task::spawn_blocking(move || {
-        run(vec![
-            "call".into(),
-            "add".into(),
-            "--toolbox".into(),
-            "nobody".into(),
-            "--timeout".into(),
-            "1".into(),
-        ])
-    })
-    .await
-    .unwrap();
+    let (code, _, err) = run(&["call", "add", "--toolbox", "nobody", "--timeout", "1"]);
     assert_eq!(code, 1);
     assert!(
         err.contains("no answer") && err.contains("'nobody'"),

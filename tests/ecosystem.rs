@@ -48,15 +48,6 @@ fn ecosystem() -> (TempDir, Daemon) {
     (dir, daemon)
 }
 
-async fn call(bus: &mut Bus, toolbox: &str, name: &str, kwargs: Value) -> Value {
-    bus.request(
-        "ovos.persona.tools.call",
-        json!({"toolbox_id": toolbox, "name": name, "kwargs": kwargs}),
-    )
-    .await["data"]
-        .clone()
-}
-
 #[tokio::test]
 async fn third_party_servers_and_an_opm_plugin_are_listed_and_called() {
     let (_dir, daemon) = ecosystem();
@@ -119,22 +110,18 @@ async fn third_party_servers_and_an_opm_plugin_are_listed_and_called() {
 
     // The reference server, in both eras.
     for id in ["time", "time_legacy"] {
-        let r = call(
-            &mut bus,
-            id,
-            "get_current_time",
-            json!({"timezone": "Europe/Lisbon"}),
-        )
-        .await;
+        let r = bus
+            .call(id, "get_current_time", json!({"timezone": "Europe/Lisbon"}))
+            .await;
         assert_eq!(r["result"]["timezone"], "Europe/Lisbon", "{id}: {r}");
         assert!(r["result"]["datetime"].as_str().unwrap().len() >= 19, "{r}");
-        let r = call(
-            &mut bus,
-            id,
-            "get_current_time",
-            json!({"timezone": "Nowhere/Nothing"}),
-        )
-        .await;
+        let r = bus
+            .call(
+                id,
+                "get_current_time",
+                json!({"timezone": "Nowhere/Nothing"}),
+            )
+            .await;
         let e = r["error"].as_str().unwrap();
         assert!(
             e.starts_with("ToolError: ") && e.contains("Nowhere/Nothing"),
@@ -143,42 +130,32 @@ async fn third_party_servers_and_an_opm_plugin_are_listed_and_called() {
     }
 
     // The SDK server: structured output, the generic shape, and a tool error.
-    let r = call(&mut bus, "sdk", "add", json!({"a": 2, "b": 3})).await;
+    let r = bus.call("sdk", "add", json!({"a": 2, "b": 3})).await;
     assert_eq!(r["result"], json!({"total": 5}));
-    let r = call(&mut bus, "sdk", "greet", json!({"name": "Ada"})).await;
+    let r = bus.call("sdk", "greet", json!({"name": "Ada"})).await;
     assert_eq!(r["result"]["content"], "Hello, Ada!");
     assert_eq!(r["result"]["is_error"], false);
     assert_eq!(r["result"]["raw"][0]["type"], "text");
-    let r = call(&mut bus, "sdk", "refuse", json!({"reason": "not today"})).await;
+    let r = bus
+        .call("sdk", "refuse", json!({"reason": "not today"}))
+        .await;
     assert_eq!(
         r["error"],
         "ToolError: Error executing tool refuse: not today"
     );
 
     // The OPM plugin in its own process.
-    let r = call(
-        &mut bus,
-        "test-math-tools",
-        "add",
-        json!({"a": 10, "b": 32}),
-    )
-    .await;
+    let r = bus
+        .call("test-math-tools", "add", json!({"a": 10, "b": 32}))
+        .await;
     assert_eq!(r["result"], json!({"result": 42}));
-    let r = call(
-        &mut bus,
-        "test-math-tools",
-        "divide",
-        json!({"a": 1, "b": 0}),
-    )
-    .await;
+    let r = bus
+        .call("test-math-tools", "divide", json!({"a": 1, "b": 0}))
+        .await;
     assert_eq!(r["error"], "ZeroDivisionError: cannot divide by zero");
-    let r = call(
-        &mut bus,
-        "test-math-tools",
-        "add",
-        json!({"a": "ten", "b": 32}),
-    )
-    .await;
+    let r = bus
+        .call("test-math-tools", "add", json!({"a": "ten", "b": 32}))
+        .await;
     assert!(
         r["error"].as_str().unwrap().starts_with(
             "ValueError: Tool input validation failed for 'add' in ToolBox 'test-math-tools': /a: "

@@ -44,15 +44,11 @@ impl Setup {
 
 const FAST_RESTART: &str = "[restart]\nbackoff_initial_ms = 50\nbackoff_max_ms = 200\n";
 
+/// A persona call and how long its answer took.
 async fn call(bus: &mut Bus, toolbox: &str, name: &str, kwargs: Value) -> (Value, Duration) {
     let started = Instant::now();
-    let r = bus
-        .request(
-            "ovos.persona.tools.call",
-            json!({"toolbox_id": toolbox, "name": name, "kwargs": kwargs}),
-        )
-        .await;
-    (r["data"].clone(), started.elapsed())
+    let data = bus.call(toolbox, name, kwargs).await;
+    (data, started.elapsed())
 }
 
 async fn neighbour_answers(bus: &mut Bus) {

@@ -10,15 +10,6 @@ use std::time::{Duration, Instant};
 use common::{fixture_manifest, math_manifest, text_manifest, Bus, Daemon, TempDir, BIN};
 use serde_json::{json, Value};
 
-async fn call(bus: &mut Bus, toolbox: &str, name: &str, kwargs: Value) -> Value {
-    bus.request(
-        "ovos.persona.tools.call",
-        json!({"toolbox_id": toolbox, "name": name, "kwargs": kwargs}),
-    )
-    .await["data"]
-        .clone()
-}
-
 #[test]
 fn the_control_socket_is_private_and_a_second_daemon_refuses_it() {
     let dir = TempDir::new("ctl-sock");
@@ -78,11 +69,11 @@ async fn status_shows_every_column_as_table_and_json() {
     let mut bus = Bus::connect(&daemon.url).await;
     for i in 0..5 {
         assert_eq!(
-            call(&mut bus, "math", "add", json!({"a": i, "b": 1})).await["result"]["result"],
+            bus.call("math", "add", json!({"a": i, "b": 1})).await["result"]["result"],
             i + 1
         );
     }
-    assert!(call(&mut bus, "math", "sqrt", json!({"number": -1})).await["error"].is_string());
+    assert!(bus.call("math", "sqrt", json!({"number": -1})).await["error"].is_string());
     let row = daemon.status("math");
     for key in [
         "id",
@@ -187,7 +178,7 @@ async fn rolling_restart_under_load_fails_no_call() {
     dir.write("fixture.toml", &fixture_manifest("fixture", ""));
     let daemon = Daemon::start(dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
-    let before = call(&mut bus, "fixture", "whoami", json!({})).await["result"]["pid"].clone();
+    let before = bus.call("fixture", "whoami", json!({})).await["result"]["pid"].clone();
     // A call that lasts longer than the swap.
     bus.send(
         "ovos.persona.tools.call",
@@ -268,7 +259,7 @@ async fn rolling_restart_under_load_fails_no_call() {
         slow[0]["data"]["result"]["pid"], before,
         "the slow call ran on the old child"
     );
-    let after = call(&mut bus, "fixture", "whoami", json!({})).await["result"]["pid"].clone();
+    let after = bus.call("fixture", "whoami", json!({})).await["result"]["pid"].clone();
     assert_ne!(after, before);
     let row = daemon.status("fixture");
     assert_eq!(row["restarts"], 1);
@@ -288,7 +279,7 @@ async fn a_restart_that_cannot_start_leaves_the_old_child_serving() {
     );
     let daemon = Daemon::start(dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
-    let before = call(&mut bus, "fixture", "whoami", json!({})).await["result"]["pid"].clone();
+    let before = bus.call("fixture", "whoami", json!({})).await["result"]["pid"].clone();
     std::fs::write(&flag, "").unwrap();
     let (code, _, err) = daemon.ctl(&["restart", "fixture"]);
     assert_eq!(code, 1);
@@ -297,7 +288,7 @@ async fn a_restart_that_cannot_start_leaves_the_old_child_serving() {
         "{err}"
     );
     assert_eq!(
-        call(&mut bus, "fixture", "whoami", json!({})).await["result"]["pid"],
+        bus.call("fixture", "whoami", json!({})).await["result"]["pid"],
         before
     );
     assert_eq!(daemon.status("fixture")["state"], "ready");
@@ -332,14 +323,14 @@ async fn stop_and_start_one_toolbox() {
     assert_eq!(r["data"]["error"], "Unknown tool: 'add'");
     // The neighbour never noticed.
     assert_eq!(
-        call(&mut bus, "text", "shout", json!({"text": "x"})).await["result"]["text"],
+        bus.call("text", "shout", json!({"text": "x"})).await["result"]["text"],
         "X"
     );
     let (code, out, _) = daemon.ctl(&["start", "math"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("started, pid"), "{out}");
     assert_eq!(
-        call(&mut bus, "math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
         2
     );
 }
@@ -399,7 +390,7 @@ async fn reload_applies_the_manifest_diff() {
         "{owners:?}"
     );
     assert_eq!(
-        call(&mut bus, "added", "add", json!({"a": 1, "b": 2})).await["result"]["result"],
+        bus.call("added", "add", json!({"a": 1, "b": 2})).await["result"]["result"],
         3
     );
     let (_, rows, _) = daemon.ctl(&["status", "--json"]);
@@ -418,7 +409,7 @@ async fn reload_applies_the_manifest_diff() {
     );
     assert_eq!(pid_of(&daemon, "keep"), keep_pid);
     assert_eq!(
-        call(&mut bus, "keep", "shout", json!({"text": "still"})).await["result"]["text"],
+        bus.call("keep", "shout", json!({"text": "still"})).await["result"]["text"],
         "STILL"
     );
 
@@ -560,7 +551,7 @@ async fn instances_share_the_calls_and_survive_each_other() {
     }
     for _ in 0..5 {
         let started = Instant::now();
-        let r = call(&mut bus, "fixture", "whoami", json!({})).await;
+        let r = bus.call("fixture", "whoami", json!({})).await;
         assert!(
             r["result"]["pid"].is_i64() && r["result"]["pid"] != victim,
             "{r}"

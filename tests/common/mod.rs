@@ -336,6 +336,12 @@ impl Bus {
         found
     }
 
+    /// `ovos.persona.tools.call` of `name` in `toolbox`: the answer's data.
+    pub async fn call(&mut self, toolbox: &str, name: &str, kwargs: Value) -> Value {
+        let data = json!({"toolbox_id": toolbox, "name": name, "kwargs": kwargs});
+        self.request("ovos.persona.tools.call", data).await["data"].clone()
+    }
+
     /// Sends a request marked uniquely and returns the first matching response.
     pub async fn request(&mut self, topic: &str, data: Value) -> Value {
         self.request_within(topic, data, Duration::from_secs(20))
