@@ -178,10 +178,14 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
                 let _ = reply.send(reload(&mut supervisor, &service, peer_probe, &notifier).await);
             }
             Some(request) = control_rx.recv() => {
-                let answer = if request.method == control::Method::Reload {
-                    Ok(reload_json(&reload(&mut supervisor, &service, peer_probe, &notifier).await))
-                } else {
-                    operate(&mut supervisor, &registry, request.method).await
+                let answer = match request.method {
+                    control::Method::Reload => Ok(reload_json(
+                        &reload(&mut supervisor, &service, peer_probe, &notifier).await,
+                    )),
+                    control::Method::Status => Ok(control::status(&registry.snapshot())),
+                    control::Method::Restart(id) => operate(&supervisor, &id, Action::Restart).await,
+                    control::Method::Stop(id) => operate(&supervisor, &id, Action::Stop).await,
+                    control::Method::Start(id) => operate(&supervisor, &id, Action::Start).await,
                 };
                 let _ = request.reply.send(answer);
             }
@@ -199,25 +203,26 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// Carries out one operator request from the control socket.
+/// What an operator can do to one toolbox.
+enum Action {
+    Restart,
+    Stop,
+    Start,
+}
+
+/// Carries out an operator's action on toolbox `id`.
 async fn operate(
-    supervisor: &mut Supervisor,
-    registry: &Registry,
-    method: control::Method,
+    supervisor: &Supervisor,
+    id: &str,
+    action: Action,
 ) -> Result<serde_json::Value, String> {
-    use control::Method;
-    let toolbox = |id: &str| {
-        supervisor
-            .handle(id)
-            .ok_or_else(|| format!("no toolbox {id:?} is hosted here; see toolboxd ctl status"))
-    };
-    let outcome = match method {
-        Method::Status => return Ok(control::status(&registry.snapshot())),
-        // Reloads go through `reload` in the main loop (peers, systemd).
-        Method::Reload => return Err("reload is handled by the main loop".to_owned()),
-        Method::Restart(id) => toolbox(&id)?.restart().await,
-        Method::Stop(id) => toolbox(&id)?.stop().await,
-        Method::Start(id) => toolbox(&id)?.start().await,
+    let handle = supervisor
+        .handle(id)
+        .ok_or_else(|| format!("no toolbox {id:?} is hosted here; see toolboxd ctl status"))?;
+    let outcome = match action {
+        Action::Restart => handle.restart().await,
+        Action::Stop => handle.stop().await,
+        Action::Start => handle.start().await,
     };
     outcome.map(serde_json::Value::String)
 }

@@ -496,3 +496,33 @@ async fn sigterm_lets_calls_in_flight_finish_before_exiting() {
     bus_process.kill().unwrap();
     bus_process.wait().unwrap();
 }
+
+#[tokio::test]
+async fn a_childs_own_requests_are_refused_at_once_and_list_changes_are_followed() {
+    let s = Setup::new("requests", "", "");
+    let daemon = Daemon::start(s.dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    // The child asks toolboxd for sampling mid-call: "method not found", at once.
+    let (data, took) = call(&mut bus, "faulty", "ask_client", json!({})).await;
+    assert_eq!(data["result"], json!({"code": -32601}), "{data}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    // notifications/tools/list_changed makes the daemon list the tools again.
+    let (data, _) = call(&mut bus, "faulty", "grow", json!({})).await;
+    assert_eq!(data["result"], json!({"ok": true}));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = bus
+            .request("ovos.tools.get", json!({"name": "grown"}))
+            .await;
+        if r["data"]["toolbox_id"] == "faulty" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new tool never appeared: {r}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (data, _) = call(&mut bus, "faulty", "grown", json!({})).await;
+    assert_eq!(data["result"], json!({"ok": true}));
+}

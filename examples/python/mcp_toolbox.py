@@ -108,8 +108,8 @@ class Toolbox:
         method = message.get("method")
         msg_id = message.get("id")
         params = message.get("params") or {}
-        if msg_id is None:
-            return  # notifications: initialized, cancelled, ... nothing to do
+        if msg_id is None or method is None:
+            return  # notifications (initialized, cancelled, ...) and stray answers
         meta = params.get("_meta") or {}
         version = meta.get("io.modelcontextprotocol/protocolVersion")
         modern = version is not None
