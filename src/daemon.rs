@@ -147,10 +147,25 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     ));
     tracing::info!(path = %options.control.display(), "control socket listening");
 
-    let _ = connected.wait_for(|up| *up).await;
-    let taken = peers(&service, peer_probe).await;
-    supervisor.admit(&taken).await;
-    supervisor.wait_started().await;
+    // Start-up (the bus may be slow to come, with --bus) can be cut short by
+    // the same signals as the running daemon.
+    let started = tokio::select! {
+        _ = async {
+            let _ = connected.wait_for(|up| *up).await;
+            let taken = peers(&service, peer_probe).await;
+            supervisor.admit(&taken).await;
+            supervisor.wait_started().await;
+        } => true,
+        _ = terminate.recv() => false,
+        _ = interrupt.recv() => false,
+    };
+    if !started {
+        tracing::info!("stopped before start-up finished");
+        supervisor.shutdown().await;
+        trigger.trigger();
+        let _ = bus_task.await;
+        return Ok(());
+    }
     let catalog = registry.snapshot();
     tracing::info!(
         bus = %url,

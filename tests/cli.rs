@@ -342,3 +342,49 @@ async fn the_bus_is_found_in_mycroft_conf_user_over_system() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("mycroft.conf is not valid JSON"), "{err}");
 }
+
+#[test]
+fn sigterm_stops_a_daemon_still_waiting_for_its_bus() {
+    let dir = TempDir::new("nobus");
+    dir.write("math.toml", &math_manifest("math"));
+    let control = dir.path().join("ctl.sock");
+    let url = format!("ws://127.0.0.1:{}/core", common::free_port());
+    let mut daemon = std::process::Command::new(BIN)
+        .args([
+            "run",
+            "--bus",
+            &url,
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--control",
+            control.to_str().unwrap(),
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Readiness of the wait: the log says it is retrying the bus.
+    let stderr = daemon.stderr.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    assert!(lines
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains("retrying")));
+    std::thread::spawn(move || lines.for_each(drop));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Some(status) = daemon.try_wait().unwrap() {
+            assert!(status.success(), "{status:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGTERM did not stop it"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
