@@ -153,24 +153,23 @@ impl Service {
     /// Handles one incoming frame without waiting: malformed frames are logged
     /// and dropped; requests on our topics get a task each.
     pub fn dispatch(self: &Arc<Self>, frame: &str) {
-        // Most frames are answers (ours echoed back included), some of them
-        // large: skip those without parsing when the topic comes first.
-        if let Some(topic) = leading_topic(frame) {
-            if topic.ends_with(".response") && topic != DISCOVER_RESPONSE {
-                return;
-            }
-        }
-        let topic = match serde_json::from_str::<Head>(frame) {
-            Ok(Head {
-                msg_type: Some(topic),
-            }) => topic,
-            Ok(Head { msg_type: None }) | Err(_) => {
-                // Decode fully only to say exactly what is wrong.
-                if let Err(e) = Message::decode(frame) {
-                    tracing::warn!("dropped a malformed bus frame: {e}");
+        // Every OVOS client writes the topic first: read it there, so that the
+        // many frames that are not for us (answers, ours echoed back included,
+        // some large) are dropped without being parsed.
+        let topic = match leading_topic(frame) {
+            Some(topic) => std::borrow::Cow::Borrowed(topic),
+            None => match serde_json::from_str::<Head>(frame) {
+                Ok(Head {
+                    msg_type: Some(topic),
+                }) => topic,
+                Ok(Head { msg_type: None }) | Err(_) => {
+                    // Decode fully only to say exactly what is wrong.
+                    if let Err(e) = Message::decode(frame) {
+                        tracing::warn!("dropped a malformed bus frame: {e}");
+                    }
+                    return;
                 }
-                return;
-            }
+            },
         };
         if topic == DISCOVER_RESPONSE {
             self.note_peer(frame);
