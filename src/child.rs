@@ -354,11 +354,6 @@ impl Child {
             .collect()
     }
 
-    /// How it exited, once it has.
-    pub fn exit_status(&self) -> Option<ExitInfo> {
-        *self.exit.borrow()
-    }
-
     /// Waits until the process has exited and been reaped.
     pub async fn exited(&self) -> ExitInfo {
         let mut exit = self.exit.clone();

@@ -65,7 +65,7 @@ async fn embed(
     addr: SocketAddr,
     shutdown: crate::shutdown::Shutdown,
 ) -> Result<String, DaemonError> {
-    let listener = server::bind(addr)
+    let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| DaemonError::Bind { addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
@@ -268,10 +268,5 @@ async fn reload(
 }
 
 fn reload_json(report: &ReloadReport) -> serde_json::Value {
-    let errors: Vec<_> = report
-        .errors
-        .iter()
-        .map(|(manifest, error)| serde_json::json!({"manifest": manifest, "error": error}))
-        .collect();
-    serde_json::json!({"loaded": report.loaded, "errors": errors})
+    serde_json::json!({"loaded": report.loaded, "errors": report.errors_json()})
 }

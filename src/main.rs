@@ -310,7 +310,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Bus { listen } => {
             let (trigger, shutdown) = toolboxd::shutdown::ShutdownTrigger::new();
-            let listener = toolboxd::bus::server::bind(listen)
+            let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("cannot listen on {listen}"))?;
             tracing::info!(addr = %listener.local_addr().unwrap_or(listen), "messagebus listening");

@@ -232,19 +232,12 @@ impl Catalog {
         }
     }
 
-    /// Every tool definition of every listed toolbox.
-    pub fn all_definitions(&self) -> Vec<Value> {
-        self.listed()
-            .flat_map(|(_, e)| e.tools.iter().map(|t| t.definition.clone()))
-            .collect()
-    }
-
     /// How many tools are listed.
     pub fn listed_tool_count(&self) -> usize {
         self.listed().map(|(_, e)| e.tools.len()).sum()
     }
 
-    /// [`Catalog::all_definitions`] as a JSON array, serialized once per snapshot.
+    /// Every listed tool definition as a JSON array, serialized once per snapshot.
     pub fn definitions_json(&self) -> &str {
         self.definitions_json.get_or_init(|| {
             let mut out = String::from("[");

@@ -214,10 +214,7 @@ impl Service {
             }
             Topic::Predecessor(id) => self.persona_call(&request, &id).await,
             Topic::List => {
-                let catalog = self.registry.snapshot();
-                let data = format!("{{\"tools\":{}}}", catalog.definitions_json());
-                let frame = request.response(Object::new()).encode_with_raw_data(&data);
-                let _ = self.out.send(frame);
+                self.respond_with_tools(&request, Object::new());
             }
             Topic::Get => self.get(&request),
             Topic::Invoke => self.invoke(&request).await,
@@ -379,21 +376,31 @@ impl Service {
             return;
         };
         let catalog = self.registry.snapshot();
-        let tools = catalog.all_definitions();
-        let mut data = object! {
-            "tools" => tools.clone(),
+        let mut rest = object! {
             "loaded" => report.loaded.clone(),
-            "total_tools" => tools.len(),
+            "total_tools" => catalog.listed_tool_count(),
         };
         if !report.errors.is_empty() {
-            let errors: Vec<Value> = report
-                .errors
-                .iter()
-                .map(|(manifest, error)| serde_json::json!({"manifest": manifest, "error": error}))
-                .collect();
-            data.insert("errors".to_owned(), Value::Array(errors));
+            rest.insert("errors".to_owned(), report.errors_json());
         }
-        self.respond(request, data);
+        self.respond_with_tools(request, rest);
+    }
+
+    /// Answers with `tools` (every listed tool definition) plus `rest`. The
+    /// catalog keeps the tools serialized, so a large list is spliced in, not
+    /// rebuilt for every answer.
+    fn respond_with_tools(&self, request: &Message, rest: Object) {
+        let catalog = self.registry.snapshot();
+        let mut data = format!("{{\"tools\":{}", catalog.definitions_json());
+        let rest = Value::Object(rest).to_string();
+        if rest.len() > 2 {
+            data.push(',');
+            data.push_str(&rest[1..]);
+        } else {
+            data.push('}');
+        }
+        let frame = request.response(Object::new()).encode_with_raw_data(&data);
+        let _ = self.out.send(frame);
     }
 }
 

@@ -30,11 +30,6 @@ impl ShutdownTrigger {
 }
 
 impl Shutdown {
-    /// Whether shutdown has begun.
-    pub fn is_shutdown(&self) -> bool {
-        *self.rx.borrow()
-    }
-
     /// Returns once shutdown has begun. Cancel-safe.
     pub async fn recv(&mut self) {
         let _ = self.rx.wait_for(|down| *down).await;

@@ -20,6 +20,16 @@ pub struct ReloadReport {
     pub errors: Vec<(String, String)>,
 }
 
+impl ReloadReport {
+    /// `errors` as the bus and the control socket show it: [{manifest, error}].
+    pub fn errors_json(&self) -> serde_json::Value {
+        self.errors
+            .iter()
+            .map(|(manifest, error)| serde_json::json!({"manifest": manifest, "error": error}))
+            .collect()
+    }
+}
+
 /// One toolbox this daemon hosts.
 struct Hosted {
     /// The configuration its actor runs, to diff on reload.

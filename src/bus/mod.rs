@@ -18,6 +18,3 @@ pub fn ws_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig 
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES))
 }
-
-/// The bus address OVOS uses by default.
-pub const DEFAULT_URL: &str = "ws://127.0.0.1:8181/core";

@@ -58,12 +58,6 @@ impl Clients {
     }
 }
 
-/// Binds the bus; the returned listener's `local_addr` is the real port when
-/// `addr` asked for port 0.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
 /// Serves the bus on `listener` until shutdown.
 pub async fn serve(listener: TcpListener, mut shutdown: Shutdown) {
     let clients = Arc::new(Clients::default());
