@@ -23,26 +23,10 @@ fn two_toolboxes() -> (TempDir, Daemon) {
 async fn discover_answers_once_per_toolbox_with_tool_definitions() {
     let (_dir, daemon) = two_toolboxes();
     let mut bus = Bus::connect(&daemon.url).await;
-    bus.send(
-        "ovos.persona.tools.discover",
-        json!({}),
-        json!({"mark": "d1"}),
-    )
-    .await;
-    let answers = bus
-        .collect("ovos.persona.tools.discover.response", "d1", WINDOW * 2)
-        .await;
-    let mut ids: Vec<&str> = answers
-        .iter()
-        .map(|a| a["data"]["toolbox_id"].as_str().unwrap())
-        .collect();
-    ids.sort();
+    let answers = bus.discover(WINDOW * 2).await;
+    let ids: Vec<&str> = answers.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(ids, ["math", "text"], "{answers:#?}");
-    let math = answers
-        .iter()
-        .find(|a| a["data"]["toolbox_id"] == "math")
-        .unwrap();
-    let tools = math["data"]["tools"].as_array().unwrap();
+    let tools = &answers[0].1;
     let names: Vec<&str> = tools.iter().map(|t| t["name"].as_str().unwrap()).collect();
     // math lists its tools two per page: all four prove nextCursor is followed.
     assert_eq!(names, ["add", "echo", "sqrt", "sleep"]);

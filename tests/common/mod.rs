@@ -336,6 +336,31 @@ impl Bus {
         found
     }
 
+    /// Sends `ovos.persona.tools.discover` and collects every answer for
+    /// `window`: (toolbox_id, tools), sorted by id, duplicates kept.
+    pub async fn discover(&mut self, window: Duration) -> Vec<(String, Vec<Value>)> {
+        let m = mark();
+        self.send("ovos.persona.tools.discover", json!({}), json!({"mark": m}))
+            .await;
+        let mut answers: Vec<(String, Vec<Value>)> = self
+            .collect("ovos.persona.tools.discover.response", &m, window)
+            .await
+            .into_iter()
+            .map(|a| {
+                let id = a["data"]["toolbox_id"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                (
+                    id,
+                    a["data"]["tools"].as_array().cloned().unwrap_or_default(),
+                )
+            })
+            .collect();
+        answers.sort_by(|a, b| a.0.cmp(&b.0));
+        answers
+    }
+
     /// `ovos.persona.tools.call` of `name` in `toolbox`: the answer's data.
     pub async fn call(&mut self, toolbox: &str, name: &str, kwargs: Value) -> Value {
         let data = json!({"toolbox_id": toolbox, "name": name, "kwargs": kwargs});
