@@ -142,10 +142,7 @@ fn list_and_call_print_json_and_exit_1_on_error_answers() {
 
 #[tokio::test]
 async fn bus_command_relays_to_every_client_including_the_sender() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
-    let mut bus = start_bus(port);
+    let (mut bus, port) = start_bus(0);
     let url = format!("ws://127.0.0.1:{port}/core");
     let mut a = Bus::connect(&url).await;
     let mut b = Bus::connect(&url).await;
@@ -172,8 +169,8 @@ async fn bus_command_relays_to_every_client_including_the_sender() {
     assert!(bus.wait().unwrap().success());
 }
 
-#[test]
-fn run_reports_a_bad_manifest_and_serves_the_good_ones() {
+#[tokio::test]
+async fn run_reports_a_bad_manifest_and_serves_the_good_ones() {
     let dir = TempDir::new("runbad");
     dir.write("math.toml", &math_manifest("math"));
     dir.write("bad.toml", "id = \"bad\"\n");
@@ -184,18 +181,23 @@ fn run_reports_a_bad_manifest_and_serves_the_good_ones() {
         .as_str()
         .unwrap()
         .contains("bad.toml:1"));
+    // The good one serves.
+    assert_eq!(daemon.status("math")["state"], "ready");
+    let mut bus = Bus::connect(&daemon.url).await;
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 2, "b": 3}}),
+        )
+        .await;
+    assert_eq!(r["data"]["result"]["result"], 5, "{r}");
     assert!(daemon.stop().success());
 }
 
 #[tokio::test]
 async fn run_reconnects_when_the_bus_comes_back() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (mut bus, port) = start_bus(0);
     let url = format!("ws://127.0.0.1:{port}/core");
-    let mut bus = start_bus(port);
     let dir = TempDir::new("reconnect");
     dir.write("math.toml", &math_manifest("math"));
     let daemon = Daemon::start_with(&["--manifests", dir.path().to_str().unwrap(), "--bus", &url]);
@@ -211,7 +213,9 @@ async fn run_reconnects_when_the_bus_comes_back() {
     bus.kill().unwrap();
     bus.wait().unwrap();
     daemon.wait_for_log("reconnecting", 1, std::time::Duration::from_secs(10));
-    let mut bus = start_bus(port);
+    // The bus comes back on the same address (the only way to test a
+    // reconnect; the port was ours a moment ago).
+    let (mut bus, _) = start_bus(port);
     daemon.wait_for_log(
         "connected to the bus",
         2,
@@ -286,7 +290,7 @@ fn ovos_configs(user: &str, system: &str) -> TempDir {
 
 #[tokio::test]
 async fn the_bus_is_found_in_mycroft_conf_user_over_system() {
-    let port = common::free_port();
+    let port = common::fixed_port();
     let home = ovos_configs(
         &format!("{{\n  // user settings win\n  \"websocket\": {{\"port\": {port}}}\n}}"),
         "{\"websocket\": {\"host\": \"127.0.0.1\", \"port\": 1, \"route\": \"/core\"}}",
@@ -348,7 +352,8 @@ fn sigterm_stops_a_daemon_still_waiting_for_its_bus() {
     let dir = TempDir::new("nobus");
     dir.write("math.toml", &math_manifest("math"));
     let control = dir.path().join("ctl.sock");
-    let url = format!("ws://127.0.0.1:{}/core", common::free_port());
+    let (_held, port) = common::refusing_port();
+    let url = format!("ws://127.0.0.1:{port}/core");
     let mut daemon = std::process::Command::new(BIN)
         .args([
             "run",
@@ -364,12 +369,25 @@ fn sigterm_stops_a_daemon_still_waiting_for_its_bus() {
         .unwrap();
     // Readiness of the wait: the log says it is retrying the bus.
     let stderr = daemon.stderr.take().unwrap();
-    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
-    assert!(lines
-        .by_ref()
-        .map_while(Result::ok)
-        .any(|l| l.contains("retrying")));
-    std::thread::spawn(move || lines.for_each(drop));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)).map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let waiting = std::time::Instant::now() + common::ANSWER_DEADLINE;
+    loop {
+        let left = waiting.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line.contains("retrying") => break,
+            Ok(_) => {}
+            Err(_) => {
+                let _ = daemon.kill();
+                panic!("the daemon never said it is retrying the bus");
+            }
+        }
+    }
+    std::thread::spawn(move || while rx.recv().is_ok() {});
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

@@ -67,7 +67,7 @@ async fn third_party_servers_and_an_opm_plugin_are_listed_and_called() {
     let mut bus = Bus::connect(&daemon.url).await;
 
     // Listed with their schemas, on discover.
-    let answers = bus.discover(std::time::Duration::from_secs(2)).await;
+    let answers = bus.discover(4).await;
     assert_eq!(answers.len(), 4, "{answers:#?}");
     let tools: std::collections::HashMap<String, Vec<Value>> = answers.into_iter().collect();
     assert_eq!(tools.len(), 4);

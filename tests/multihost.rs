@@ -3,15 +3,12 @@
 
 mod common;
 
-use std::time::Duration;
-
-use common::{free_port, math_manifest, start_bus, text_manifest, Bus, Daemon, TempDir};
+use common::{math_manifest, start_bus, text_manifest, Bus, Daemon, TempDir};
 use serde_json::json;
 
 #[tokio::test]
 async fn a_second_daemon_refuses_a_toolbox_id_the_first_answers_for() {
-    let port = free_port();
-    let mut bus_process = start_bus(port);
+    let (mut bus_process, port) = start_bus(0);
     let url = format!("ws://127.0.0.1:{port}/core");
     let first_dir = TempDir::new("host1");
     first_dir.write("math.toml", &math_manifest("math"));
@@ -61,28 +58,20 @@ async fn a_second_daemon_refuses_a_toolbox_id_the_first_answers_for() {
         )
         .await;
         let answers = bus
-            .collect(
-                "ovos.persona.tools.call.response",
-                &mark,
-                Duration::from_millis(800),
-            )
+            .expect_answers("ovos.persona.tools.call.response", &mark, 1)
             .await;
         assert_eq!(answers.len(), 1, "{id}: {answers:#?}");
         assert!(answers[0]["data"].get("result").is_some(), "{answers:?}");
     }
     // Discover: one answer per toolbox id on the bus.
-    let answers = bus.discover(Duration::from_millis(1500)).await;
+    let answers = bus.discover(2).await;
     let ids: Vec<&str> = answers.iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(ids, ["math", "text"]);
     // The flat namespace is answered once, by the first daemon only.
     bus.send("ovos.tools.list", json!({}), json!({"mark": "mh-l"}))
         .await;
     let answers = bus
-        .collect(
-            "ovos.tools.list.response",
-            "mh-l",
-            Duration::from_millis(800),
-        )
+        .expect_answers("ovos.tools.list.response", "mh-l", 1)
         .await;
     assert_eq!(answers.len(), 1, "{answers:#?}");
 

@@ -91,24 +91,23 @@ fn readme_client_runs_unchanged_on_the_embedded_bus() {
 
 #[test]
 fn readme_client_runs_unchanged_on_the_python_messagebus() {
-    // The Python bus reads its port from mycroft.conf: take a free one.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // The Python bus reads its port from mycroft.conf, so it must be chosen
+    // before the bus starts.
+    let port = common::fixed_port();
     let home = ovos_config(port);
-    let mut bus = Command::new(venv_python())
-        .args(["-m", "ovos_messagebus"])
-        .env("XDG_CONFIG_HOME", home.path())
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .env("XDG_CACHE_HOME", home.path().join("cache"))
-        .env("XDG_STATE_HOME", home.path().join("state"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut bus = common::Reaped(
+        Command::new(venv_python())
+            .args(["-m", "ovos_messagebus"])
+            .env("XDG_CONFIG_HOME", home.path())
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .env("XDG_CACHE_HOME", home.path().join("cache"))
+            .env("XDG_STATE_HOME", home.path().join("state"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     // Readiness: the port accepts connections.
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {

@@ -178,15 +178,17 @@ impl Daemon {
         }
     }
 
-    /// `toolboxd ctl --control <ours> ARGS`: (exit code, stdout, stderr).
+    /// `toolboxd ctl --control <ours> ARGS`: (exit code, stdout, stderr);
+    /// fails the test if it takes over `ANSWER_DEADLINE`.
     pub fn ctl(&self, args: &[&str]) -> (i32, String, String) {
-        let out = Command::new(BIN)
-            .arg("ctl")
-            .arg("--control")
-            .arg(&self.control)
-            .args(args)
-            .output()
-            .unwrap();
+        let out = output_within(
+            Command::new(BIN)
+                .arg("ctl")
+                .arg("--control")
+                .arg(&self.control)
+                .args(args),
+            ANSWER_DEADLINE,
+        );
         (
             out.status.code().unwrap_or(-1),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -251,29 +253,71 @@ impl Daemon {
         }
     }
 
-    /// SIGTERM and wait; returns the exit status.
+    /// SIGTERM and wait (SIGKILL and fail the test after 30 s); returns the
+    /// exit status.
     pub fn stop(&mut self) -> std::process::ExitStatus {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
-        self.child.wait().unwrap()
+        self.wait_exit(Duration::from_secs(30))
+    }
+
+    /// Waits for the daemon to exit; SIGKILLs it and fails the test after `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("toolboxd did not exit within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
-            self.stop();
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
     }
 }
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
-/// A test's own connection to the bus.
+/// How long any single expected answer may take before a test fails. Generous,
+/// because a loaded 2-core machine can be slow; a test never waits this long
+/// when things work, since answers are awaited by matching, not by windows.
+pub const ANSWER_DEADLINE: Duration = Duration::from_secs(20);
+
+/// How long a test listens for an answer that must *not* come. Silence can
+/// only be shown over a window; every silence check first sends a request that
+/// is answered (a sentinel) and checks the whole record, so a late or early
+/// wrong answer is seen wherever it arrived.
+pub const SILENCE_WINDOW: Duration = Duration::from_millis(700);
+
+/// A test's own connection to the bus. Every frame it receives is kept in
+/// `inbox`, so no check can miss an answer because another wait consumed it.
 pub struct Bus {
     ws: Ws,
+    /// Every decoded message received so far, in arrival order.
+    inbox: Vec<Value>,
+    /// Messages already handed out by `next`: the index into `inbox`.
+    cursor: usize,
 }
 
 static MARKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -288,10 +332,15 @@ pub fn mark() -> String {
 
 impl Bus {
     pub async fn connect(url: &str) -> Bus {
-        let (ws, _) = tokio_tungstenite::connect_async(url)
+        let (ws, _) = tokio::time::timeout(ANSWER_DEADLINE, tokio_tungstenite::connect_async(url))
             .await
+            .unwrap_or_else(|_| panic!("connecting to {url} took over {ANSWER_DEADLINE:?}"))
             .expect("connect to bus");
-        Bus { ws }
+        Bus {
+            ws,
+            inbox: Vec::new(),
+            cursor: 0,
+        }
     }
 
     pub async fn send_raw(&mut self, text: &str) {
@@ -307,43 +356,137 @@ impl Bus {
         self.send_raw(&frame.to_string()).await;
     }
 
-    /// Next decoded message, or None after `timeout`.
+    /// Reads one more message into the inbox; false after `timeout` or when
+    /// the connection ended.
+    async fn pump(&mut self, timeout: Duration) -> bool {
+        let Ok(Some(Ok(frame))) = tokio::time::timeout(timeout, self.ws.next()).await else {
+            return false;
+        };
+        if let WsMessage::Text(text) = frame {
+            if let Ok(v) = serde_json::from_str::<Value>(text.as_str()) {
+                self.inbox.push(v);
+            }
+        }
+        true
+    }
+
+    /// The next message not handed out before, or None after `timeout`.
+    /// (It stays in the inbox for later checks.)
     pub async fn next(&mut self, timeout: Duration) -> Option<Value> {
+        let end = Instant::now() + timeout;
+        while self.cursor >= self.inbox.len() {
+            let left = end.checked_duration_since(Instant::now())?;
+            if !self.pump(left).await {
+                return None;
+            }
+        }
+        self.cursor += 1;
+        Some(self.inbox[self.cursor - 1].clone())
+    }
+
+    /// The first message (received before or within `timeout`) that `pred`
+    /// accepts.
+    pub async fn wait_for(
+        &mut self,
+        timeout: Duration,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Option<Value> {
+        let end = Instant::now() + timeout;
+        let mut seen = 0;
         loop {
-            let frame = tokio::time::timeout(timeout, self.ws.next())
-                .await
-                .ok()??
-                .ok()?;
-            if let WsMessage::Text(text) = frame {
-                if let Ok(v) = serde_json::from_str::<Value>(text.as_str()) {
-                    return Some(v);
-                }
+            if let Some(m) = self.inbox[seen..].iter().find(|m| pred(m)) {
+                return Some(m.clone());
+            }
+            seen = self.inbox.len();
+            let left = end.checked_duration_since(Instant::now())?;
+            if !self.pump(left).await {
+                return None;
             }
         }
     }
 
-    /// Every message of `topic` whose context carries `mark`, collected for `window`.
+    /// Every message received so far (any topic) whose context carries `mark`
+    /// and which is an answer (its topic ends in `.response`).
+    pub fn answers_marked(&self, mark: &str) -> Vec<Value> {
+        self.inbox
+            .iter()
+            .filter(|m| {
+                m["context"]["mark"] == mark
+                    && m["type"].as_str().is_some_and(|t| t.ends_with(".response"))
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Keeps reading for `window`, then returns every message of `topic`
+    /// carrying `mark` received since the connection opened.
     pub async fn collect(&mut self, topic: &str, mark: &str, window: Duration) -> Vec<Value> {
-        let end = Instant::now() + window;
-        let mut found = Vec::new();
-        while let Some(left) = end.checked_duration_since(Instant::now()) {
-            match self.next(left).await {
-                Some(m) if m["type"] == topic && m["context"]["mark"] == mark => found.push(m),
-                Some(_) => {}
-                None => break,
-            }
-        }
-        found
+        self.listen(window).await;
+        self.inbox
+            .iter()
+            .filter(|m| m["type"] == topic && m["context"]["mark"] == mark)
+            .cloned()
+            .collect()
     }
 
-    /// Sends `ovos.persona.tools.discover` and collects every answer for
-    /// `window`: (toolbox_id, tools), sorted by id, duplicates kept.
-    pub async fn discover(&mut self, window: Duration) -> Vec<(String, Vec<Value>)> {
+    /// Reads everything that arrives for `window` into the inbox.
+    pub async fn listen(&mut self, window: Duration) {
+        let end = Instant::now() + window;
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            if !self.pump(left).await {
+                break;
+            }
+        }
+    }
+
+    /// Waits until `count` messages of `topic` carrying `mark` have arrived
+    /// (failing after `ANSWER_DEADLINE`), listens `SILENCE_WINDOW` more for
+    /// extra ones, and returns them all: the way to count answers exactly.
+    pub async fn expect_answers(&mut self, topic: &str, mark: &str, count: usize) -> Vec<Value> {
+        let end = Instant::now() + ANSWER_DEADLINE;
+        let matching = |inbox: &[Value]| {
+            inbox
+                .iter()
+                .filter(|m| m["type"] == topic && m["context"]["mark"] == mark)
+                .count()
+        };
+        while matching(&self.inbox) < count {
+            let left = end
+                .checked_duration_since(Instant::now())
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{} of {count} {topic} answers marked {mark} within {ANSWER_DEADLINE:?}",
+                        matching(&self.inbox)
+                    )
+                });
+            assert!(self.pump(left).await, "the bus connection ended");
+        }
+        self.collect(topic, mark, SILENCE_WINDOW).await
+    }
+
+    /// Asserts that no answer carrying any of `marks` arrives: sends a
+    /// sentinel request that must be answered (so every frame sent before it
+    /// has been read by the daemon), listens `SILENCE_WINDOW` more, then
+    /// checks every message received since the connection opened.
+    pub async fn assert_silence(&mut self, marks: &[&str]) {
+        let r = self.request("ovos.tools.list", json!({})).await;
+        assert!(r["data"]["tools"].is_array(), "sentinel: {r}");
+        self.listen(SILENCE_WINDOW).await;
+        for m in marks {
+            let heard = self.answers_marked(m);
+            assert!(heard.is_empty(), "expected silence for {m}, got {heard:#?}");
+        }
+    }
+
+    /// Sends `ovos.persona.tools.discover`, waits for `expected` answers and
+    /// a silence window for extra ones: (toolbox_id, tools) of every answer,
+    /// sorted by id, duplicates kept.
+    pub async fn discover(&mut self, expected: usize) -> Vec<(String, Vec<Value>)> {
         let m = mark();
         self.send("ovos.persona.tools.discover", json!({}), json!({"mark": m}))
             .await;
         let mut answers: Vec<(String, Vec<Value>)> = self
-            .collect("ovos.persona.tools.discover.response", &m, window)
+            .expect_answers("ovos.persona.tools.discover.response", &m, expected)
             .await
             .into_iter()
             .map(|a| {
@@ -367,13 +510,15 @@ impl Bus {
         self.request("ovos.persona.tools.call", data).await["data"].clone()
     }
 
-    /// Sends a request marked uniquely and returns the first matching response.
+    /// Sends a request marked uniquely and returns the first matching
+    /// response; fails the test after `ANSWER_DEADLINE`.
     pub async fn request(&mut self, topic: &str, data: Value) -> Value {
-        self.request_within(topic, data, Duration::from_secs(20))
+        self.request_within(topic, data, ANSWER_DEADLINE)
             .await
-            .unwrap_or_else(|| panic!("no answer to {topic}"))
+            .unwrap_or_else(|| panic!("no answer to {topic} within {ANSWER_DEADLINE:?}"))
     }
 
+    /// Sends a request marked uniquely; its response, or None after `wait`.
     pub async fn request_within(
         &mut self,
         topic: &str,
@@ -383,39 +528,145 @@ impl Bus {
         let m = mark();
         self.send(topic, data, json!({"mark": m})).await;
         let response = format!("{topic}.response");
-        let end = Instant::now() + wait;
-        loop {
-            let left = end.checked_duration_since(Instant::now())?;
-            let msg = self.next(left).await?;
-            if msg["type"] == response.as_str() && msg["context"]["mark"] == m.as_str() {
-                return Some(msg);
-            }
-        }
+        self.wait_for(wait, |msg| {
+            msg["type"] == response.as_str() && msg["context"]["mark"] == m.as_str()
+        })
+        .await
     }
 }
 
-/// A free loopback port (bound to port 0 and read back, then released).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// Waits until `cond` holds, polling every 10 ms; fails the test with `what`
+/// after `within`.
+pub fn wait_until(what: &str, within: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
-/// Starts `toolboxd bus` on `port` and waits until it says it listens.
-pub fn start_bus(port: u16) -> Child {
+/// A loopback port for a server that must be told its port before it starts
+/// (a bus restarted on the same address, a port written into mycroft.conf).
+/// Everything else binds port 0 and reads the port back. The port is picked
+/// below the kernel's ephemeral range (where outgoing connections never take
+/// ports) and checked free, so only an explicit bind elsewhere can race it.
+pub fn fixed_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 500) as u16 * 20;
+    for _ in 0..1000 {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let port = base + n % 10_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port below the ephemeral range");
+}
+
+/// A process a test started, SIGKILLed and reaped when dropped, so that a
+/// failing test leaves nothing running.
+pub struct Reaped(pub Child);
+
+impl std::ops::Deref for Reaped {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `toolboxd bus` listening on 127.0.0.1:`port` (0: any), the port it
+/// listens on, once it says so.
+pub fn start_bus(port: u16) -> (Reaped, u16) {
     let mut bus = Command::new(BIN)
-        .args(["bus", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--log-format", "json", "bus", "--listen"])
+        .arg(format!("127.0.0.1:{port}"))
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let stderr = bus.stderr.take().unwrap();
-    let mut lines = BufReader::new(stderr).lines();
-    assert!(lines
-        .by_ref()
-        .map_while(Result::ok)
-        .any(|l| l.contains("messagebus listening")));
-    std::thread::spawn(move || lines.for_each(drop));
-    bus
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + ANSWER_DEADLINE;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(line) = rx.recv_timeout(left) else {
+            let _ = bus.kill();
+            let _ = bus.wait();
+            panic!("toolboxd bus never said it listens");
+        };
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if v["message"] == "messagebus listening" {
+            let addr: std::net::SocketAddr = v["addr"].as_str().unwrap().parse().unwrap();
+            std::thread::spawn(move || while rx.recv().is_ok() {});
+            return (Reaped(bus), addr.port());
+        }
+    }
+}
+
+/// Runs `command` to completion, failing the test after `within`.
+pub fn output_within(command: &mut Command, within: Duration) -> std::process::Output {
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(within) {
+        Ok(out) => out.expect("wait for command"),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("{command:?} did not finish within {within:?}");
+        }
+    }
+}
+
+/// A loopback port held bound but not listening, so connections to it are
+/// refused and no other process can take it while the guard lives: an address
+/// where, for sure, no bus is.
+pub fn refusing_port() -> (std::os::fd::OwnedFd, u16) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns; every
+    // return value is checked.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_in = std::mem::zeroed();
+        addr.sin_family = libc::AF_INET as libc::sa_family_t;
+        addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let rc = libc::bind(fd, std::ptr::addr_of!(addr).cast(), len);
+        assert_eq!(rc, 0, "bind: {}", std::io::Error::last_os_error());
+        let mut out_len = len;
+        let rc = libc::getsockname(fd, std::ptr::addr_of_mut!(addr).cast(), &mut out_len);
+        assert_eq!(rc, 0, "getsockname: {}", std::io::Error::last_os_error());
+        (owned, u16::from_be(addr.sin_port))
+    }
 }
