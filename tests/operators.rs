@@ -75,40 +75,66 @@ async fn status_shows_every_column_as_table_and_json() {
     }
     assert!(bus.call("math", "sqrt", json!({"number": -1})).await["error"].is_string());
     let row = daemon.status("math");
-    for key in [
-        "id",
-        "state",
-        "pids",
-        "tools",
-        "restarts",
-        "last_exit",
-        "uptime_s",
-        "calls_ok",
-        "calls_err",
-        "in_flight",
-        "p50_ms",
-        "p99_ms",
-    ] {
-        assert!(row.get(key).is_some(), "status lacks {key}: {row}");
-    }
-    assert_eq!(row["state"], "ready");
-    assert_eq!(row["tools"], 4);
-    assert_eq!(row["calls_ok"], 5);
-    assert_eq!(row["calls_err"], 1);
-    assert_eq!(row["in_flight"], 0);
-    assert_eq!(row["restarts"], 0);
+    let pid = row["pids"][0].as_u64().expect("one pid");
+    assert!(row["uptime_s"].is_u64(), "{row}");
     assert!(
         row["p50_ms"].as_f64().unwrap() > 0.0
-            && row["p99_ms"].as_f64().unwrap() >= row["p50_ms"].as_f64().unwrap()
+            && row["p99_ms"].as_f64().unwrap() >= row["p50_ms"].as_f64().unwrap(),
+        "{row}"
     );
-    assert_eq!(row["pids"].as_array().unwrap().len(), 1);
+    // Every documented field, with its value (null only where documented).
+    let mut expected = json!({
+        "id": "math", "state": "ready", "reason": null, "pids": [pid], "instances": 1,
+        "era": "modern MCP 2026-07-28", "tools": 4, "restarts": 0, "last_exit": null,
+        "calls_ok": 5, "calls_err": 1, "in_flight": 0,
+    });
+    for key in ["uptime_s", "p50_ms", "p99_ms"] {
+        expected[key] = row[key].clone();
+    }
+    assert_eq!(row, expected);
+    let text = daemon.status("text");
+    assert_eq!(text["era"], "legacy MCP 2025-06-18", "{text}");
+    assert_eq!(text["tools"], 2, "{text}");
+
+    // The table: its header, and the math row column by column.
     let (code, table, _) = daemon.ctl(&["status"]);
     assert_eq!(code, 0);
-    assert!(table.starts_with("ID "), "{table}");
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "ID",
+            "STATE",
+            "PID",
+            "UPTIME",
+            "TOOLS",
+            "RESTARTS",
+            "CALLS_OK",
+            "CALLS_ERR",
+            "FLIGHT",
+            "P50_MS",
+            "P99_MS",
+            "LAST_EXIT"
+        ]
+    );
+    let math: Vec<&str> = table
+        .lines()
+        .find(|l| l.starts_with("math "))
+        .unwrap_or_else(|| panic!("no math row: {table}"))
+        .split_whitespace()
+        .collect();
+    let pid = pid.to_string();
+    assert_eq!(
+        (&math[..3], &math[4..9], math[11]),
+        (
+            &["math", "ready", pid.as_str()][..],
+            &["4", "0", "5", "1", "0"][..],
+            "-"
+        ),
+        "{table}"
+    );
     assert!(
-        table
-            .lines()
-            .any(|l| l.starts_with("math ") && l.contains("ready")),
+        math[3].ends_with('s') && math[9].parse::<f64>().is_ok(),
         "{table}"
     );
     assert!(table.lines().any(|l| l.starts_with("text ")), "{table}");
@@ -138,9 +164,9 @@ async fn load(
         sent += 1;
         loop {
             let m = bus
-                .next(Duration::from_secs(10))
+                .next(common::ANSWER_DEADLINE)
                 .await
-                .expect("an answer within 10 s");
+                .expect("an answer within the deadline");
             if m["type"] == "ovos.persona.tools.call.response" {
                 if let Some(k) = m["context"]["mark"].as_str() {
                     if k.starts_with(&format!("l{conn}-")) {
@@ -157,7 +183,7 @@ async fn load(
         }
     }
     // Late duplicates, if any.
-    while let Some(m) = bus.next(Duration::from_millis(300)).await {
+    while let Some(m) = bus.next(common::SILENCE_WINDOW).await {
         if let Some(k) = m["context"]["mark"].as_str() {
             if k.starts_with(&format!("l{conn}-"))
                 && m["type"] == "ovos.persona.tools.call.response"
@@ -172,6 +198,9 @@ async fn load(
     (answers, sent)
 }
 
+/// How long the call that spans a rolling restart runs.
+const SLOW_S: f64 = 5.0;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_restart_under_load_fails_no_call() {
     let dir = TempDir::new("rolling");
@@ -180,9 +209,10 @@ async fn rolling_restart_under_load_fails_no_call() {
     let mut bus = Bus::connect(&daemon.url).await;
     let before = bus.call("fixture", "whoami", json!({})).await["result"]["pid"].clone();
     // A call that lasts longer than the swap.
+    let slow_sent = Instant::now();
     bus.send(
         "ovos.persona.tools.call",
-        json!({"toolbox_id": "fixture", "name": "slow_whoami", "kwargs": {"seconds": 1.5}}),
+        json!({"toolbox_id": "fixture", "name": "slow_whoami", "kwargs": {"seconds": SLOW_S}}),
         json!({"mark": "slow"}),
     )
     .await;
@@ -221,9 +251,18 @@ async fn rolling_restart_under_load_fails_no_call() {
     .unwrap();
     assert_eq!(code, Some(0), "{out}{err}");
     assert!(out.contains("restarted: pid"), "{out}");
+    // The swap happened while the slow call was still running (it cannot
+    // finish before SLOW_S), so it overlapped the restart.
+    let swapped = slow_sent.elapsed();
+    assert!(
+        swapped < Duration::from_secs_f64(SLOW_S),
+        "the swap came {swapped:?} after the slow call: no overlap"
+    );
     let ok_at_restart = daemon.status("fixture")["calls_ok"].as_u64().unwrap();
     // Keep the load going well past the swap.
+    let deadline = Instant::now() + common::ANSWER_DEADLINE;
     while daemon.status("fixture")["calls_ok"].as_u64().unwrap() < ok_at_restart + 200 {
+        assert!(Instant::now() < deadline, "the load stalled after the swap");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -248,11 +287,7 @@ async fn rolling_restart_under_load_fails_no_call() {
 
     // The long call finished on the old child; new calls go to the new one.
     let slow = bus
-        .collect(
-            "ovos.persona.tools.call.response",
-            "slow",
-            Duration::from_secs(3),
-        )
+        .expect_answers("ovos.persona.tools.call.response", "slow", 1)
         .await;
     assert_eq!(slow.len(), 1);
     assert_eq!(
@@ -306,14 +341,13 @@ async fn stop_and_start_one_toolbox() {
     assert_eq!(daemon.status("math")["state"], "stopped");
     let mut bus = Bus::connect(&daemon.url).await;
     // Not hosted: silence on the persona topic, unknown on the tool service.
-    let r = bus
-        .request_within(
-            "ovos.persona.tools.call",
-            json!({"toolbox_id": "math", "name": "add", "kwargs": {"a": 1, "b": 1}}),
-            Duration::from_millis(800),
-        )
-        .await;
-    assert!(r.is_none(), "{r:?}");
+    bus.send(
+        "ovos.persona.tools.call",
+        json!({"toolbox_id": "math", "name": "add", "kwargs": {"a": 1, "b": 1}}),
+        json!({"mark": "to-stopped"}),
+    )
+    .await;
+    bus.assert_silence(&["to-stopped"]).await;
     let r = bus
         .request(
             "ovos.tools.invoke",
@@ -525,7 +559,7 @@ async fn instances_share_the_calls_and_survive_each_other() {
     let mut pids = std::collections::HashSet::new();
     let mut answered = 0;
     while answered < 8 {
-        let m = bus.next(Duration::from_secs(10)).await.expect("answers");
+        let m = bus.next(common::ANSWER_DEADLINE).await.expect("answers");
         if m["type"] == "ovos.persona.tools.call.response"
             && m["context"]["mark"]
                 .as_str()
