@@ -1012,19 +1012,16 @@ fn ratio(a: f64, b: f64) -> Option<f64> {
 }
 
 fn fmt_ratio(r: Option<f64>) -> String {
-    r.map_or("n/a".into(), |r| {
-        if r >= 10.0 {
-            format!("{r:.0}×")
-        } else {
-            format!("{r:.2}×")
-        }
-    })
+    r.map_or("n/a".into(), |r| format!("{}×", fmt_value(r)))
 }
 
-/// A ratio or count, for ranges: whole above 10.
+/// A ratio or count: three significant digits up to 100 (so that a figure
+/// near its target never rounds across it), whole numbers as such.
 fn fmt_value(v: f64) -> String {
-    if v.abs() >= 10.0 || v.fract() == 0.0 {
+    if v.fract() == 0.0 || v.abs() >= 100.0 {
         format!("{v:.0}")
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
     } else {
         format!("{v:.2}")
     }
@@ -1384,7 +1381,7 @@ impl Bench {
         let r = a.zip(b).and_then(|(x, y)| ratio(x, y));
         let figure = format!(
             "{} ({} vs {})",
-            r.map_or("n/a".into(), |r| format!("{r:.2}")),
+            r.map_or("n/a".into(), fmt_value),
             a.map_or("n/a".into(), fmt_mib),
             b.map_or("n/a".into(), fmt_mib)
         );
