@@ -9,7 +9,8 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use serde_json::json;
 use toolboxd::bus::envelope::Message;
 use toolboxd::mcp::{self, ToolSpec};
-use toolboxd::registry::{Registry, Resolved, Tool};
+use toolboxd::registry::{Registry, Resolved};
+use toolboxd::tool::Tool;
 
 const INVOKE: &str = r#"{"type": "ovos.tools.invoke", "data": {"name": "add", "args": {"a": 2, "b": 3}}, "context": {"source": "skill-x", "destination": ["toolboxd"], "session": {"session_id": "default", "lang": "en-US"}}}"#;
 
@@ -87,7 +88,7 @@ fn child_lines(c: &mut Criterion) {
     });
     let result = json!({"content": [{"type": "text", "text": "{\"result\":5}"}], "structuredContent": {"result": 5}});
     c.bench_function("result mapping", |b| {
-        b.iter(|| mcp::map_call_result(black_box(result.clone()), true).unwrap())
+        b.iter(|| toolboxd::answers::map_call_result(black_box(result.clone()), true).unwrap())
     });
 }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::child::Child;
 use crate::manifest::{self, Manifest};
-use crate::registry::Tool;
 use crate::session::Session;
+use crate::tool::Tool;
 
 /// Checks every manifest in `dirs`, printing one line per toolbox (and one per
 /// problem) to `out`. Returns whether everything was fine.

@@ -187,6 +187,16 @@ impl RpcHandle {
             .send(mcp::notification_line(method, &params));
     }
 
+    /// Whether the child is gone (exited, broken or stopping): a request now
+    /// would fail at once without reaching it.
+    pub fn is_closed(&self) -> bool {
+        self.link
+            .closed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
     /// Requests waiting for an answer right now.
     pub fn in_flight(&self) -> usize {
         self.link.lock_pending().len()

@@ -154,6 +154,7 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
             let _ = connected.wait_for(|up| *up).await;
             let taken = peers(&service, peer_probe).await;
             supervisor.admit(&taken).await;
+            tracing::info!("taking calls; waiting for the toolboxes to finish starting");
             supervisor.wait_started().await;
         } => true,
         _ = terminate.recv() => false,

@@ -7,7 +7,10 @@
 //! - [`bus`]: the OVOS-MSG-1 [`bus::envelope`], a reconnecting
 //!   [`bus::client`], the embedded [`bus::server`], socket options.
 //! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
-//! - [`registry`]: the catalog of hosted toolboxes, tools and compiled schemas.
+//! - [`answers`]: how a call's outcome reads on the bus: result mapping and
+//!   every error text.
+//! - [`registry`]: the catalog of hosted toolboxes and their tools.
+//! - [`tool`]: one tool's bus definition and compiled schema validators.
 //! - [`supervisor`]: the set of toolbox actors; manifest reload as a diff.
 //! - [`toolbox`]: one actor per toolbox; where a child is started, probed,
 //!   restarted and stopped, and where calls wait for a child.
@@ -15,7 +18,7 @@
 //! - [`child`]: one child process; stdio framing and request multiplexing.
 //! - [`leader`]: the process-group leader that makes a toolbox's whole group
 //!   die with the daemon.
-//! - [`mcp`]: JSON-RPC and MCP model types and result mapping (pure).
+//! - [`mcp`]: JSON-RPC and MCP model types (pure).
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
 //! - [`control`]: the control socket and `toolboxd ctl`.
 //! - [`check`], [`caller`], [`scaffold`]: the `check`, `list`, `call` and
@@ -23,6 +26,7 @@
 //! - [`notify`]: systemd readiness and watchdog notifications.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
+pub mod answers;
 pub mod bus;
 pub mod caller;
 pub mod check;
@@ -39,4 +43,5 @@ pub mod service;
 pub mod session;
 pub mod shutdown;
 pub mod supervisor;
+pub mod tool;
 pub mod toolbox;

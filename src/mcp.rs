@@ -4,7 +4,7 @@
 //! The transport is [`crate::child`]; the conversation is [`crate::session`].
 
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 /// JSON-RPC "method not found".
 pub const METHOD_NOT_FOUND: i64 = -32601;
@@ -242,86 +242,6 @@ pub fn generic_output_schema() -> Value {
     })
 }
 
-/// Maps a `tools/call` result to the bus result (DESIGN §4), or to the
-/// `Class: message` error text.
-pub fn map_call_result(result: Value, has_output_schema: bool) -> Result<Value, String> {
-    let Value::Object(mut result) = result else {
-        return Err("ToolError: tools/call result is not an object".to_owned());
-    };
-    if result.get("resultType").and_then(Value::as_str) == Some("input_required") {
-        return Err(
-            "ToolError: the tool asked for more input (input_required), which a bus call cannot \
-             provide"
-                .to_owned(),
-        );
-    }
-    let content = match result.remove("content") {
-        Some(Value::Array(blocks)) => blocks,
-        _ => Vec::new(),
-    };
-    let text = joined_text(&content);
-    if result.get("isError").and_then(Value::as_bool) == Some(true) {
-        return Err(error_text(if text.is_empty() {
-            "the tool reported an error without a message"
-        } else {
-            &text
-        }));
-    }
-    if has_output_schema {
-        return match result.remove("structuredContent") {
-            Some(structured) => Ok(structured),
-            // Servers SHOULD also serialize structured output as text.
-            None => serde_json::from_str(&text).map_err(|_| {
-                "ToolError: the tool declares an outputSchema but returned no structuredContent"
-                    .to_owned()
-            }),
-        };
-    }
-    let mut out = Map::new();
-    out.insert("content".to_owned(), Value::String(text));
-    out.insert("is_error".to_owned(), Value::Bool(false));
-    out.insert("raw".to_owned(), Value::Array(content));
-    Ok(Value::Object(out))
-}
-
-fn joined_text(blocks: &[Value]) -> String {
-    blocks
-        .iter()
-        .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
-        .filter_map(|b| b.get("text").and_then(Value::as_str))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// An error message in OVOS-TOOLS-1 form: the class the child reported, if its
-/// text starts with one (`ValueError: ...`), else `ToolError: ...`.
-pub fn error_text(message: &str) -> String {
-    if has_class_prefix(message) {
-        message.to_owned()
-    } else {
-        format!("ToolError: {message}")
-    }
-}
-
-/// Whether `text` starts with `Identifier: ` where the identifier looks like an
-/// exception class (dotted path allowed, last part capitalised).
-fn has_class_prefix(text: &str) -> bool {
-    let Some((class, _)) = text.split_once(": ") else {
-        return false;
-    };
-    let last = class.rsplit('.').next().unwrap_or(class);
-    !class.is_empty()
-        && last.starts_with(|c: char| c.is_ascii_uppercase())
-        && class
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
-}
-
-/// The error text for a JSON-RPC error answering `tools/call`.
-pub fn rpc_error_text(error: &RpcError) -> String {
-    error_text(&error.message)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -354,38 +274,6 @@ mod tests {
         assert!(matches!(parse_line(b"hello"), Err(FrameError::NotJson(_))));
         assert_eq!(parse_line(b"[1]"), Err(FrameError::NotJsonRpc));
         assert_eq!(parse_line(br#"{"id":1}"#), Err(FrameError::NotJsonRpc));
-    }
-
-    #[test]
-    fn error_class_is_kept_or_defaulted() {
-        assert_eq!(error_text("ValueError: bad"), "ValueError: bad");
-        assert_eq!(error_text("mod.sub.KeyError: k"), "mod.sub.KeyError: k");
-        assert_eq!(
-            error_text("Error executing tool add: boom"),
-            "ToolError: Error executing tool add: boom"
-        );
-        assert_eq!(error_text("boom"), "ToolError: boom");
-        assert_eq!(error_text("lower: x"), "ToolError: lower: x");
-    }
-
-    #[test]
-    fn maps_structured_generic_and_error_results() {
-        let r = json!({"content": [{"type": "text", "text": "{\"sum\": 5}"}],
-                       "structuredContent": {"sum": 5}});
-        assert_eq!(map_call_result(r, true), Ok(json!({"sum": 5})));
-        let r = json!({"content": [{"type": "text", "text": "{\"sum\": 5}"}]});
-        assert_eq!(map_call_result(r, true), Ok(json!({"sum": 5})));
-        let r = json!({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]});
-        let out = map_call_result(r, false).unwrap();
-        assert_eq!(out["content"], "a\nb");
-        assert_eq!(out["is_error"], false);
-        assert_eq!(out["raw"].as_array().unwrap().len(), 2);
-        let r = json!({"content": [{"type": "text", "text": "ValueError: no"}], "isError": true});
-        assert_eq!(map_call_result(r, true), Err("ValueError: no".to_owned()));
-        let r = json!({"resultType": "input_required", "inputRequests": {}});
-        assert!(map_call_result(r, false)
-            .unwrap_err()
-            .starts_with("ToolError:"));
     }
 
     #[test]

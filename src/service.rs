@@ -6,18 +6,20 @@
 //! never delays a fast one.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::answers;
 use crate::bus::envelope::{Message, Object};
 use crate::manifest::valid_id;
 use crate::object;
-use crate::registry::{Catalog, Registry, Resolved, Tool};
+use crate::registry::{Catalog, Registry, Resolved};
 use crate::supervisor::ReloadReport;
-use crate::toolbox::State;
+use crate::tool::Tool;
+use crate::toolbox::{State, ToolboxHandle};
 
 /// How long discovery waits for toolboxes to refresh before answering with the
 /// last known lists.
@@ -191,8 +193,10 @@ impl Service {
                 return;
             }
         };
+        // A call's deadline counts from here, whatever it waits for later.
+        let arrived = Instant::now();
         let service = self.clone();
-        tokio::spawn(async move { service.handle(topic, request).await });
+        tokio::spawn(async move { service.handle(topic, request, arrived).await });
     }
 
     fn send(&self, message: Message) {
@@ -203,21 +207,21 @@ impl Service {
         self.send(request.response(data));
     }
 
-    async fn handle(&self, topic: Topic, request: Message) {
+    async fn handle(&self, topic: Topic, request: Message, arrived: Instant) {
         match topic {
             Topic::Discover => self.discover(&request).await,
             Topic::PersonaCall => {
                 if let Some(id) = request.data.get("toolbox_id").and_then(Value::as_str) {
                     let id = id.to_owned();
-                    self.persona_call(&request, &id).await;
+                    self.persona_call(&request, &id, arrived).await;
                 }
             }
-            Topic::Predecessor(id) => self.persona_call(&request, &id).await,
+            Topic::Predecessor(id) => self.persona_call(&request, &id, arrived).await,
             Topic::List => {
                 self.respond_with_tools(&request, Object::new());
             }
             Topic::Get => self.get(&request),
-            Topic::Invoke => self.invoke(&request).await,
+            Topic::Invoke => self.invoke(&request, arrived).await,
             Topic::Reload => self.reload(&request).await,
         }
     }
@@ -256,91 +260,104 @@ impl Service {
     }
 
     /// `ovos.persona.tools.call` and its predecessor: silent unless we host `id`.
-    async fn persona_call(&self, request: &Message, id: &str) {
+    async fn persona_call(&self, request: &Message, id: &str, arrived: Instant) {
         let catalog = self.registry.snapshot();
         if !catalog.toolbox(id).is_some_and(|e| e.is_hosted()) {
             return;
         }
         let answer = match request.data.get("name").and_then(Value::as_str) {
-            None | Some("") => Err("Missing required field: 'name'".to_owned()),
+            None | Some("") => Err(answers::MISSING_NAME.to_owned()),
             Some(name) => {
                 let args = arguments(request, "kwargs");
-                self.call_in(catalog.clone(), id, name, args).await
+                self.call_in(catalog, id, name, args, arrived).await
             }
         };
         self.respond(request, answer_data("toolbox_id", id, answer));
     }
 
-    /// Resolves `name` in toolbox `id`, validates, and calls. A toolbox still
-    /// starting for the first time has no tool list yet: wait for it.
+    /// Resolves `name` in toolbox `id` and runs the call. A toolbox still
+    /// starting for the first time has no tool list yet: wait for it, within
+    /// the call's deadline.
     async fn call_in(
         &self,
         mut catalog: Arc<Catalog>,
         id: &str,
         name: &str,
         args: Value,
+        arrived: Instant,
     ) -> Result<Value, String> {
         for attempt in 0..2 {
             let Some(entry) = catalog.toolbox(id) else {
-                return Err(format!("RuntimeError: toolbox '{id}' is no longer hosted"));
+                return Err(answers::call_error(
+                    &crate::toolbox::CallError::Stopped,
+                    name,
+                    id,
+                ));
             };
             if let State::Failed { reason } = &entry.state {
-                return Err(format!("RuntimeError: toolbox '{id}' is failed: {reason}"));
+                return Err(answers::failed(id, reason));
             }
             match entry.tools.get(name) {
-                Some(tool) => return self.run(entry.handle.clone(), tool.clone(), args).await,
+                Some(tool) => return self.run(&entry.handle, tool, args, arrived).await,
                 None if attempt == 0
                     && entry.state == State::Starting
                     && entry.tools.is_empty() =>
                 {
-                    if !entry.handle.wait_started().await {
-                        return Err(format!(
-                            "RuntimeError: toolbox '{id}' did not start in time"
-                        ));
+                    let limit = entry.handle.deadline_of(name);
+                    if !entry.handle.wait_started(arrived + limit).await {
+                        let timeout = crate::toolbox::CallError::Timeout(limit);
+                        return Err(answers::call_error(&timeout, name, id));
                     }
                     catalog = self.registry.snapshot();
                 }
                 None => break,
             }
         }
-        Err(format!(
-            "ValueError: Unknown tool '{name}' for ToolBox '{id}'."
-        ))
+        Err(answers::unknown_tool_in(name, id))
     }
 
-    /// Validates the arguments (before the child sees anything), then calls.
+    /// One call, top-down: validate the arguments (before the child sees
+    /// anything), call the child, map its result, validate the output, count.
     async fn run(
         &self,
-        handle: crate::toolbox::ToolboxHandle,
-        tool: Arc<Tool>,
+        handle: &ToolboxHandle,
+        tool: &Tool,
         args: Value,
+        arrived: Instant,
     ) -> Result<Value, String> {
-        tool.check_arguments(&args).map_err(|why| {
-            format!(
-                "ValueError: Tool input validation failed for '{}' in ToolBox '{}': {why}",
-                tool.name,
-                handle.id()
-            )
-        })?;
-        handle.call(&tool, args).await
+        let (name, id) = (tool.name.as_str(), handle.id());
+        tool.check_arguments(&args)
+            .map_err(|why| answers::invalid_arguments(name, id, &why))?;
+        let outcome = match handle.call(name, args, arrived).await {
+            Ok(raw) => answers::map_call_result(raw, tool.has_output_schema).and_then(|result| {
+                tool.check_output(&result)
+                    .map_err(|why| answers::invalid_output(name, id, &why))?;
+                Ok(result)
+            }),
+            Err(e) => Err(answers::call_error(&e, name, id)),
+        };
+        handle
+            .stats()
+            .record_call(outcome.is_ok(), arrived.elapsed());
+        outcome
     }
 
     fn get(&self, request: &Message) {
         let data = match request.data.get("name").and_then(Value::as_str) {
-            None | Some("") => object! {"error" => "Missing required field: 'name'"},
+            None | Some("") => object! {"error" => answers::MISSING_NAME},
             Some(name) => match self.registry.snapshot().resolve(name) {
                 Resolved::One(_, tool) => match &tool.definition {
                     Value::Object(def) => def.clone(),
                     _ => Object::new(),
                 },
-                Resolved::Unknown => object! {"error" => format!("Unknown tool: '{name}'")},
-                Resolved::Ambiguous(ids) => object! {"error" => ambiguous(name, ids)},
+                Resolved::Unknown => object! {"error" => answers::unknown_tool(name)},
+                Resolved::Ambiguous(ids) => object! {"error" => answers::ambiguous(name, ids)},
             },
         };
         self.respond(request, data);
     }
 
-    async fn invoke(&self, request: &Message) {
+    async fn invoke(&self, request: &Message, arrived: Instant) {
         let Some(name) = request
             .data
             .get("name")
@@ -349,7 +366,7 @@ impl Service {
         else {
             self.respond(
                 request,
-                object! {"name" => "", "error" => "Missing required field: 'name'"},
+                object! {"name" => "", "error" => answers::MISSING_NAME},
             );
             return;
         };
@@ -357,10 +374,10 @@ impl Service {
         let answer = match catalog.resolve(name) {
             Resolved::One(entry, tool) => {
                 let args = arguments(request, "args");
-                self.run(entry.handle.clone(), tool.clone(), args).await
+                self.run(&entry.handle, tool, args, arrived).await
             }
-            Resolved::Unknown => Err(format!("Unknown tool: '{name}'")),
-            Resolved::Ambiguous(ids) => Err(ambiguous(name, ids)),
+            Resolved::Unknown => Err(answers::unknown_tool(name)),
+            Resolved::Ambiguous(ids) => Err(answers::ambiguous(name, ids)),
         };
         self.respond(request, answer_data("name", name, answer));
     }
@@ -432,18 +449,6 @@ fn answer_data(key: &str, value: &str, answer: Result<Value, String>) -> Object 
     data
 }
 
-fn ambiguous(name: &str, ids: &[String]) -> String {
-    let owners = ids
-        .iter()
-        .map(|id| format!("'{id}'"))
-        .collect::<Vec<_>>()
-        .join(" and ");
-    format!(
-        "Ambiguous tool: '{name}' is owned by toolboxes {owners}; call it with \
-         ovos.persona.tools.call and data.toolbox_id to choose one"
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -467,11 +472,5 @@ mod tests {
         assert!(route("ovos.persona.tools.a.b.call").is_none());
         assert!(route("ovos.tools.invoke.response").is_none());
         assert!(route("ovos.persona.tools.math.call.response").is_none());
-    }
-
-    #[test]
-    fn ambiguity_names_every_owner_and_the_way_out() {
-        let e = ambiguous("echo", &["math".into(), "shell".into()]);
-        assert!(e.contains("'math' and 'shell'") && e.contains("ovos.persona.tools.call"));
     }
 }

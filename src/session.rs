@@ -214,6 +214,11 @@ impl Session {
         )))
     }
 
+    /// Whether the child is gone: a call now would not reach it.
+    pub fn is_gone(&self) -> bool {
+        self.rpc.is_closed()
+    }
+
     /// One `tools/call`; the raw MCP result.
     pub async fn call_tool(&self, name: &str, arguments: Value) -> Result<Value, RpcFailure> {
         let mut params = Map::new();

@@ -130,7 +130,12 @@ impl Supervisor {
     /// Waits until every toolbox has finished its first start (ready, failed
     /// or stopped), each up to its call timeout.
     pub async fn wait_started(&self) {
-        join_all(self.handles().map(|h| h.wait_started())).await;
+        let now = std::time::Instant::now();
+        join_all(
+            self.handles()
+                .map(|h| h.wait_started(now + h.call_timeout())),
+        )
+        .await;
     }
 
     /// Re-reads the manifests and applies the difference: new ones start,

@@ -599,3 +599,46 @@ async fn a_slow_call_does_not_delay_a_fast_one() {
     );
     assert!(slow_at.unwrap() >= Duration::from_secs(2));
 }
+
+#[tokio::test]
+async fn a_call_to_a_toolbox_still_starting_is_answered_within_one_call_timeout() {
+    // The toolbox takes 1.5 s to start, and its tool 1.5 s to answer: with
+    // one deadline of 2 s from the call's arrival, start-up wait included,
+    // the caller gets a TimeoutError after 2 s (not a result after 3 s).
+    let (_bus, port) = common::start_bus(0);
+    let url = format!("ws://127.0.0.1:{port}/core");
+    let dir = TempDir::new("slow-start");
+    dir.write(
+        "slow.toml",
+        &format!(
+            "id = \"slow\"\ncommand = \"sh\"\nargs = [\"-c\", \"sleep 1.5; exec python3 {}\"]\n\
+             [limits]\ncall_timeout_s = 2\n",
+            common::repo("tests/fixtures/fixture_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start_until(
+        &["--manifests", dir.path().to_str().unwrap(), "--bus", &url],
+        &[],
+        "taking calls",
+    );
+    let mut bus = Bus::connect(&url).await;
+    let sent = Instant::now();
+    let r = bus
+        .call("slow", "slow_whoami", json!({"seconds": 1.5}))
+        .await;
+    let took = sent.elapsed();
+    assert_eq!(
+        r["error"], "TimeoutError: tool 'slow_whoami' in toolbox 'slow' did not answer within 2 s",
+        "{r}"
+    );
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_millis(2800),
+        "answered after {took:?}"
+    );
+    // Once started, the same call within its deadline gets its result.
+    let r = bus
+        .call("slow", "slow_whoami", json!({"seconds": 0.1}))
+        .await;
+    assert!(r["result"]["pid"].is_u64(), "{r}");
+    drop(daemon);
+}

@@ -17,8 +17,8 @@ use super::{Command, Deadlines, Outcome, Serving, Slot, State, Stats};
 use crate::child::{Child, ChildEvent, ExitInfo, RpcFailure};
 use crate::manifest::Manifest;
 use crate::mcp::ToolSpec;
-use crate::registry::{Tool, ToolSet};
 use crate::session::Session;
+use crate::tool::{Tool, ToolSet};
 
 /// How long a child gets to exit after its stdin closes, and again after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(3);

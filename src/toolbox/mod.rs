@@ -4,8 +4,11 @@
 //! Each toolbox is an actor ([`actor`]) that owns its child processes. Calls do
 //! not pass through the actor: it publishes the serving child on a `watch`
 //! channel and each caller sends its request straight to that child. While no
-//! child serves (starting, restarting) a caller waits on the channel, up to
-//! its own deadline; a `failed` toolbox answers at once.
+//! child serves (starting, restarting) a caller waits on the channel, under
+//! its one deadline; a `failed` toolbox answers at once.
+//!
+//! A call returns the child's raw MCP result or a [`CallError`]; how either
+//! reads on the bus is the service's business, not the toolbox's.
 
 mod actor;
 mod replicas;
@@ -19,12 +22,38 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
-use crate::child::RpcFailure;
+use crate::child::{ExitInfo, RpcFailure};
 use crate::manifest::Manifest;
-use crate::mcp;
-use crate::registry::{Registry, Tool};
+use crate::mcp::RpcError;
 use crate::session::Session;
+use crate::tool::ToolSet;
 
+/// Where a toolbox publishes itself, its state and its tools: the registry, in
+/// the daemon. A trait, so that the toolbox does not depend on the registry.
+pub trait Publish: Send + Sync + 'static {
+    /// A new toolbox, before its actors start (so nothing they publish is lost).
+    fn add(&self, handle: ToolboxHandle);
+    /// Toolbox `id` is now in `state`, with these tools when given.
+    fn set(&self, id: &str, state: State, tools: Option<Arc<ToolSet>>);
+}
+
+/// Why a call has no result.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallError {
+    /// The call's deadline (this long after it arrived) passed, start-up wait
+    /// included; the child, if it had the call, was told to cancel it.
+    Timeout(Duration),
+    /// The child exited while it had the call.
+    Exited(ExitInfo),
+    /// The child broke the protocol while it had the call (and is restarted).
+    Broken(String),
+    /// The child answered with a JSON-RPC error.
+    Rpc(RpcError),
+    /// The toolbox is `failed`, for this reason.
+    Failed(String),
+    /// The toolbox is stopped: no child will take the call.
+    Stopped,
+}
 /// A toolbox's lifecycle state (DESIGN §3).
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
@@ -89,7 +118,7 @@ const LATENCY_SAMPLES: usize = 1024;
 /// Counters and recent history, for status.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Calls answered with a result.
+    /// Calls answered with a result (counted by whoever answers the caller).
     pub calls_ok: AtomicU64,
     /// Calls answered with an error by the child, a deadline or a crash.
     pub calls_err: AtomicU64,
@@ -128,6 +157,14 @@ pub struct StatsSnapshot {
 impl Stats {
     fn detail(&self) -> std::sync::MutexGuard<'_, Detail> {
         self.detail.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a finished call: answered with a result (`ok`) or an error,
+    /// `took` after it arrived.
+    pub fn record_call(&self, ok: bool, took: Duration) {
+        let counter = if ok { &self.calls_ok } else { &self.calls_err };
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.record_latency(took);
     }
 
     fn record_latency(&self, took: Duration) {
@@ -280,73 +317,76 @@ impl ToolboxHandle {
             .collect()
     }
 
-    /// Runs one call (arguments already validated) and returns the bus
-    /// `result`, or the bus `error` text.
-    pub async fn call(&self, tool: &Tool, args: Value) -> Result<Value, String> {
-        let started = Instant::now();
-        self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let _count = InFlightCount(&self.stats);
-        let deadline = self.deadlines.borrow().for_tool(&tool.name);
-        let outcome = match tokio::time::timeout(deadline, self.call_inner(tool, args)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(format!(
-                "TimeoutError: tool '{}' in toolbox '{}' did not answer within {} s",
-                tool.name,
-                self.id,
-                deadline.as_secs()
-            )),
-        };
-        let counter = if outcome.is_ok() {
-            &self.stats.calls_ok
-        } else {
-            &self.stats.calls_err
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        self.stats.record_latency(started.elapsed());
-        outcome
+    /// The manifest's `call_timeout_s`.
+    pub fn call_timeout(&self) -> Duration {
+        self.deadlines.borrow().call
     }
 
-    async fn call_inner(&self, tool: &Tool, args: Value) -> Result<Value, String> {
-        let serving = loop {
+    /// How long a call of `tool` may take, from its arrival.
+    pub fn deadline_of(&self, tool: &str) -> Duration {
+        self.deadlines.borrow().for_tool(tool)
+    }
+
+    /// Runs one call of `tool` (arguments already validated) that arrived at
+    /// `arrived`: waits for a serving child and a free slot on it, and returns
+    /// the child's raw MCP result. Everything, the wait included, happens
+    /// within the tool's deadline counted from `arrived`.
+    pub async fn call(
+        &self,
+        tool: &str,
+        args: Value,
+        arrived: Instant,
+    ) -> Result<Value, CallError> {
+        self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let _count = InFlightCount(&self.stats);
+        let limit = self.deadline_of(tool);
+        let deadline = tokio::time::Instant::from_std(arrived + limit);
+        match tokio::time::timeout_at(deadline, self.call_inner(tool, args)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(CallError::Timeout(limit)),
+        }
+    }
+
+    async fn call_inner(&self, tool: &str, args: Value) -> Result<Value, CallError> {
+        loop {
+            // Watch the slots from before we pick a child, so that a child
+            // found dead below is followed by the next one published.
+            let mut changes: Vec<watch::Receiver<Slot>> =
+                self.replicas.iter().map(|r| r.slot.clone()).collect();
             let serving = self.serving().await?;
             // A closed semaphore means this child was swapped out or stopped
             // while we queued: look for the serving child again.
             // The permit is given back when the call ends (PermitGuard).
-            let acquired = serving.permits.acquire().await.map(|p| p.forget());
-            if acquired.is_ok() {
-                break serving;
+            let Ok(permit) = serving.permits.acquire().await else {
+                continue;
+            };
+            permit.forget();
+            let _permit = PermitGuard(&serving.permits);
+            if serving.session.is_gone() {
+                // The child died before the call reached it and its actor has
+                // not said so yet: the call waits for the next child, like
+                // any call during a restart.
+                let next = changes.iter_mut().map(|s| Box::pin(s.changed()));
+                if futures_util::future::select_all(next).await.0.is_err() {
+                    return Err(CallError::Stopped);
+                }
+                continue;
             }
-        };
-        let _permit = PermitGuard(&serving.permits);
-        let raw =
-            serving
+            return serving
                 .session
-                .call_tool(&tool.name, args)
+                .call_tool(tool, args)
                 .await
                 .map_err(|failure| match failure {
-                    RpcFailure::Rpc(e) => mcp::rpc_error_text(&e),
-                    RpcFailure::Exited(exit) => format!(
-                        "RuntimeError: toolbox '{}' exited ({exit}) while running '{}'",
-                        self.id, tool.name
-                    ),
-                    RpcFailure::Broken(why) => format!(
-                        "RuntimeError: toolbox '{}' failed while running '{}': {why}",
-                        self.id, tool.name
-                    ),
-                })?;
-        let result = mcp::map_call_result(raw, tool.has_output_schema)?;
-        tool.check_output(&result).map_err(|why| {
-            format!(
-                "ValueError: Tool output validation failed for '{}' in ToolBox '{}': {why}",
-                tool.name, self.id
-            )
-        })?;
-        Ok(result)
+                    RpcFailure::Rpc(e) => CallError::Rpc(e),
+                    RpcFailure::Exited(exit) => CallError::Exited(exit),
+                    RpcFailure::Broken(why) => CallError::Broken(why),
+                });
+        }
     }
 
     /// Waits for a serving child — the least busy one when several serve —
     /// or the reason there will be none.
-    async fn serving(&self) -> Result<Arc<Serving>, String> {
+    async fn serving(&self) -> Result<Arc<Serving>, CallError> {
         let mut slots: Vec<watch::Receiver<Slot>> =
             self.replicas.iter().map(|r| r.slot.clone()).collect();
         loop {
@@ -371,29 +411,24 @@ impl ToolboxHandle {
                 return Ok(serving);
             }
             if !waiting {
-                return Err(match failed {
-                    Some(reason) => {
-                        format!("RuntimeError: toolbox '{}' is failed: {reason}", self.id)
-                    }
-                    None => format!("RuntimeError: toolbox '{}' is stopped", self.id),
-                });
+                return Err(failed.map_or(CallError::Stopped, CallError::Failed));
             }
             let changes = slots.iter_mut().map(|s| Box::pin(s.changed()));
             if futures_util::future::select_all(changes).await.0.is_err() {
-                return Err(format!("RuntimeError: toolbox '{}' is stopped", self.id));
+                return Err(CallError::Stopped);
             }
         }
     }
 
-    /// Waits (up to the call timeout) until every instance has left
-    /// `starting` or `restarting`; `true` if they did.
-    pub async fn wait_started(&self) -> bool {
-        let limit = self.deadlines.borrow().call;
+    /// Waits until every instance has left `starting` or `restarting`, or
+    /// `deadline` passes; `true` if they did.
+    pub async fn wait_started(&self, deadline: Instant) -> bool {
         let all = futures_util::future::join_all(self.replicas.iter().map(|r| {
             let mut slot = r.slot.clone();
             async move { slot.wait_for(|s| !matches!(s, Slot::Waiting)).await.is_ok() }
         }));
-        matches!(tokio::time::timeout(limit, all).await, Ok(v) if v.iter().all(|ok| *ok))
+        let deadline = tokio::time::Instant::from_std(deadline);
+        matches!(tokio::time::timeout_at(deadline, all).await, Ok(v) if v.iter().all(|ok| *ok))
     }
 
     /// Asks an actor (a serving instance's, if any) to list the tools again
@@ -488,13 +523,12 @@ impl ToolboxHandle {
     }
 }
 
-/// Starts the actors for `manifest` (one per instance) and adds the toolbox
-/// to the registry.
-pub fn spawn(manifest: Manifest, registry: Arc<Registry>) -> ToolboxHandle {
+/// Starts the actors for `manifest` (one per instance), publishing into `sink`.
+pub fn spawn(manifest: Manifest, sink: Arc<dyn Publish>) -> ToolboxHandle {
     let instances = manifest.instances.max(1);
     let (deadlines_tx, deadlines_rx) = watch::channel(Deadlines::of(&manifest));
     let deadlines_tx = Arc::new(deadlines_tx);
-    let publisher = replicas::Publisher::new(&manifest.id, registry.clone(), instances);
+    let publisher = replicas::Publisher::new(&manifest.id, sink.clone(), instances);
     let stats = Arc::new(Stats::default());
     let mut replicas = Vec::with_capacity(instances);
     let mut actors = Vec::with_capacity(instances);
@@ -523,7 +557,7 @@ pub fn spawn(manifest: Manifest, registry: Arc<Registry>) -> ToolboxHandle {
         deadlines: deadlines_rx,
         stats,
     };
-    registry.insert(&manifest.id, handle.clone(), State::Starting);
+    sink.add(handle.clone());
     for actor in actors {
         tokio::spawn(actor.run());
     }

@@ -3,15 +3,15 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::State;
-use crate::registry::{Registry, ToolSet};
+use super::{Publish, State};
+use crate::tool::ToolSet;
 
 /// Collects what each replica publishes and gives the registry one state.
 pub(super) struct Publisher {
     /// The toolbox's id in the registry.
     id: String,
-    /// Where the aggregate goes.
-    registry: Arc<Registry>,
+    /// Where the aggregate goes (the registry, in the daemon).
+    sink: Arc<dyn Publish>,
     /// Each replica's last state.
     states: Mutex<Vec<State>>,
 }
@@ -29,10 +29,10 @@ fn rank(state: &State) -> u8 {
 }
 
 impl Publisher {
-    pub(super) fn new(id: &str, registry: Arc<Registry>, replicas: usize) -> Arc<Publisher> {
+    pub(super) fn new(id: &str, sink: Arc<dyn Publish>, replicas: usize) -> Arc<Publisher> {
         Arc::new(Publisher {
             id: id.to_owned(),
-            registry,
+            sink,
             states: Mutex::new(vec![State::Starting; replicas]),
         })
     }
@@ -49,7 +49,7 @@ impl Publisher {
             .cloned()
             .unwrap_or(State::Stopped);
         // Under the lock, so that two replicas' updates reach the registry in order.
-        self.registry.set(&self.id, best, tools);
+        self.sink.set(&self.id, best, tools);
     }
 }
 

@@ -109,8 +109,16 @@ impl Daemon {
         Daemon::start_env(args, &[])
     }
 
-    /// Starts `toolboxd run` with these arguments and extra environment.
+    /// Starts `toolboxd run` with these arguments and extra environment, and
+    /// waits for "ready".
     pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        Daemon::start_until(args, env, "ready")
+    }
+
+    /// Starts `toolboxd run` and waits until it logs `message` (a line whose
+    /// message starts with it); the bus URL is the `--bus` or the one "ready"
+    /// names.
+    pub fn start_until(args: &[&str], env: &[(&str, &str)], message: &str) -> Daemon {
         let control_dir = TempDir::new("ctl");
         let given = args
             .iter()
@@ -164,6 +172,15 @@ impl Daemon {
             };
             if v["message"] == "ready" && v["bus"].is_string() {
                 url = url.or_else(|| v["bus"].as_str().map(str::to_owned));
+            }
+            if v["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(message))
+            {
+                url = url.or_else(|| {
+                    let i = args.iter().position(|a| *a == "--bus")?;
+                    Some(args[i + 1].to_owned())
+                });
                 break;
             }
         }
@@ -171,7 +188,7 @@ impl Daemon {
         std::thread::spawn(move || while rx.recv().is_ok() {});
         Daemon {
             child,
-            url: url.expect("ready line names the bus"),
+            url: url.expect("the bus URL: --bus, or the ready line"),
             control,
             _control_dir: control_dir,
             logs,

@@ -1,0 +1,205 @@
+//! A tool as toolboxd checks it: the bus definition built once, and the
+//! compiled JSON Schema validators for its arguments and its output.
+//!
+//! Compiled when a child lists its tools; used by the bus side to check
+//! arguments before a child sees them and results before a caller does.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use crate::mcp::{self, ToolSpec};
+
+/// Most schema violations quoted in one error message.
+const MAX_REPORTED_VIOLATIONS: usize = 5;
+
+/// One tool with its compiled validators.
+pub struct Tool {
+    /// The tool's name, unique inside its toolbox.
+    pub name: String,
+    /// The bus definition (OVOS-TOOLS-1 §3), built once.
+    pub definition: Value,
+    /// Whether the child declared an output schema (else the generic one applies).
+    pub has_output_schema: bool,
+    /// Compiled argument schema: checked before the child sees anything.
+    arguments: jsonschema::Validator,
+    /// Compiled output schema: a result that fails it is never passed on.
+    output: jsonschema::Validator,
+}
+
+impl std::fmt::Debug for Tool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tool").field("name", &self.name).finish()
+    }
+}
+
+impl Tool {
+    /// Compiles a listed tool's schemas. The error says which schema and why.
+    pub fn compile(toolbox_id: &str, spec: ToolSpec) -> Result<Tool, String> {
+        let has_output_schema = spec.output_schema.is_some();
+        let output_schema = spec
+            .output_schema
+            .unwrap_or_else(mcp::generic_output_schema);
+        let arguments = jsonschema::validator_for(&spec.input_schema)
+            .map_err(|e| format!("its inputSchema does not compile: {e}"))?;
+        let output = jsonschema::validator_for(&output_schema)
+            .map_err(|e| format!("its outputSchema does not compile: {e}"))?;
+        let definition = json!({
+            "name": spec.name,
+            "description": spec.description,
+            "argument_schema": spec.input_schema,
+            "output_schema": output_schema,
+            "toolbox_id": toolbox_id,
+        });
+        Ok(Tool {
+            name: spec.name,
+            definition,
+            has_output_schema,
+            arguments,
+            output,
+        })
+    }
+
+    /// Checks call arguments; the error lists failing JSON Pointers and reasons.
+    pub fn check_arguments(&self, args: &Value) -> Result<(), String> {
+        violations(&self.arguments, args)
+    }
+
+    /// Checks a result against the output schema.
+    pub fn check_output(&self, result: &Value) -> Result<(), String> {
+        violations(&self.output, result)
+    }
+}
+
+fn violations(validator: &jsonschema::Validator, instance: &Value) -> Result<(), String> {
+    if validator.is_valid(instance) {
+        return Ok(());
+    }
+    let found: Vec<String> = validator
+        .iter_errors(instance)
+        .take(MAX_REPORTED_VIOLATIONS)
+        .map(|e| {
+            let path = e.instance_path().as_str();
+            format!("{}: {}", if path.is_empty() { "/" } else { path }, e)
+        })
+        .collect();
+    Err(found.join("; "))
+}
+
+/// The tools of one toolbox, by name.
+#[derive(Debug, Default)]
+pub struct ToolSet {
+    /// In the order the child listed them.
+    tools: Vec<Arc<Tool>>,
+    /// Index into `tools` by name.
+    by_name: HashMap<String, usize>,
+}
+
+impl ToolSet {
+    /// Builds the set; a later duplicate name replaces nothing and is reported.
+    pub fn new(tools: Vec<Tool>) -> (ToolSet, Vec<String>) {
+        let mut set = ToolSet::default();
+        let mut dropped = Vec::new();
+        for tool in tools {
+            if set.by_name.contains_key(&tool.name) {
+                dropped.push(tool.name.clone());
+                continue;
+            }
+            set.by_name.insert(tool.name.clone(), set.tools.len());
+            set.tools.push(Arc::new(tool));
+        }
+        (set, dropped)
+    }
+
+    /// The tool called `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<Tool>> {
+        self.by_name.get(name).map(|&i| &self.tools[i])
+    }
+
+    /// Every tool, in listing order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Tool>> {
+        self.tools.iter()
+    }
+
+    /// How many tools.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(schema: Value) -> Tool {
+        Tool::compile(
+            "math",
+            ToolSpec {
+                name: "add".into(),
+                description: "Add.".into(),
+                input_schema: schema,
+                output_schema: None,
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn argument_errors_name_pointer_and_reason() {
+        let t = tool(json!({"type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"]}));
+        assert!(t.check_arguments(&json!({"a": 1, "b": 2})).is_ok());
+        let e = t.check_arguments(&json!({"a": 1, "b": "x"})).unwrap_err();
+        assert_eq!(e, "/b: \"x\" is not of type \"integer\"");
+        let e = t.check_arguments(&json!({"a": 1})).unwrap_err();
+        assert!(e.starts_with("/: ") && e.contains("\"b\""), "{e}");
+    }
+
+    #[test]
+    fn local_refs_and_draft7_compile() {
+        let t = tool(json!({"$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {"n": {"type": "integer"}},
+            "type": "object", "properties": {"a": {"$ref": "#/definitions/n"}}}));
+        assert!(t
+            .check_arguments(&json!({"a": "x"}))
+            .unwrap_err()
+            .starts_with("/a: "));
+        let t = tool(json!({"$defs": {"n": {"type": "integer", "minimum": 0}},
+            "type": "object", "properties": {"a": {"items": {"$ref": "#/$defs/n"}}}}));
+        assert!(t
+            .check_arguments(&json!({"a": [1, -1]}))
+            .unwrap_err()
+            .starts_with("/a/1: "));
+    }
+
+    #[test]
+    fn uncompilable_schema_is_reported() {
+        let e = Tool::compile(
+            "m",
+            ToolSpec {
+                name: "x".into(),
+                description: String::new(),
+                input_schema: json!({"type": 12}),
+                output_schema: None,
+            },
+        )
+        .unwrap_err();
+        assert!(e.contains("inputSchema"), "{e}");
+    }
+
+    #[test]
+    fn generic_output_schema_accepts_mapped_results() {
+        let t = tool(json!({}));
+        assert!(t
+            .check_output(&json!({"content": "a", "is_error": false, "raw": [{"type": "text"}]}))
+            .is_ok());
+        assert_eq!(t.definition["output_schema"]["title"], "AdapterToolOutput");
+    }
+}
