@@ -5,10 +5,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::child::Child;
+use crate::launch::launch;
 use crate::manifest::{self, Manifest};
-use crate::session::Session;
-use crate::tool::Tool;
 
 /// Checks every manifest in `dirs`, printing one line per toolbox (and one per
 /// problem) to `out`. Returns whether everything was fine.
@@ -48,43 +46,26 @@ pub async fn check(dirs: &[PathBuf], probe: bool, out: &mut impl Write) -> bool 
     ok
 }
 
-/// Starts the child, lists and compiles its tools, stops it.
+/// Starts the child as `run` would, lists and compiles its tools, stops it.
 async fn probe_one(m: &Manifest) -> Result<String, Vec<String>> {
-    let (child, _events) = Child::spawn(m).map_err(|e| vec![e.to_string()])?;
-    let probe_timeout = Duration::from_secs(m.limits.probe_timeout_s);
-    let timeout = Duration::from_secs(m.limits.call_timeout_s);
-    let result = async {
-        let session = Session::open(
-            child.rpc().clone(),
-            m.protocol.as_deref(),
-            probe_timeout,
-            timeout,
-        )
-        .await
-        .map_err(|e| vec![format!("handshake: {e}")])?;
-        let (specs, mut problems) = session
-            .list_tools(timeout)
-            .await
-            .map_err(|e| vec![format!("listing tools: {e}")])?;
-        let mut names = Vec::new();
-        for spec in specs {
-            let name = spec.name.clone();
-            match Tool::compile(&m.id, spec) {
-                Ok(_) => names.push(name),
-                Err(why) => problems.push(format!("tool {name:?}: {why}")),
-            }
-        }
-        if !problems.is_empty() {
+    let launched = match launch(m, m.protocol.as_deref()).await {
+        Ok(launched) => launched,
+        Err(failed) => {
+            let (exit, stderr) = failed.reap().await;
+            let mut problems = vec![format!("{} (child {exit})", failed.why)];
+            problems.extend(stderr.into_iter().map(|l| format!("stderr: {l}")));
             return Err(problems);
         }
-        Ok(format!(
-            "{}, {} tools: {}",
-            session.era(),
-            names.len(),
-            names.join(", ")
-        ))
+    };
+    launched.child.stop(Duration::from_secs(2)).await;
+    if !launched.left_out.is_empty() {
+        return Err(launched.left_out);
     }
-    .await;
-    child.stop(Duration::from_secs(2)).await;
-    result
+    let names: Vec<&str> = launched.tools.iter().map(|t| t.name.as_str()).collect();
+    Ok(format!(
+        "{}, {} tools: {}",
+        launched.session.era(),
+        names.len(),
+        names.join(", ")
+    ))
 }

@@ -14,6 +14,8 @@
 //! - [`supervisor`]: the set of toolbox actors; manifest reload as a diff.
 //! - [`toolbox`]: one actor per toolbox; where a child is started, probed,
 //!   restarted and stopped, and where calls wait for a child.
+//! - [`launch`]: one way to start a child: spawn, era, tools (for `run` and
+//!   `check --probe` alike).
 //! - [`session`]: the MCP conversation with one child (era, tools, calls).
 //! - [`child`]: one child process; stdio framing and request multiplexing.
 //! - [`leader`]: the process-group leader that makes a toolbox's whole group
@@ -33,6 +35,7 @@ pub mod check;
 pub mod child;
 pub mod control;
 pub mod daemon;
+pub mod launch;
 pub mod leader;
 pub mod manifest;
 pub mod mcp;

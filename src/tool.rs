@@ -112,6 +112,28 @@ impl ToolSet {
         (set, dropped)
     }
 
+    /// Compiles listed tools into a set; also returns why each tool left out
+    /// was (a schema that does not compile, a name listed twice).
+    pub fn compile(toolbox_id: &str, specs: Vec<ToolSpec>) -> (ToolSet, Vec<String>) {
+        let mut problems = Vec::new();
+        let tools = specs
+            .into_iter()
+            .filter_map(|spec| {
+                let name = spec.name.clone();
+                Tool::compile(toolbox_id, spec)
+                    .map_err(|why| problems.push(format!("tool {name:?}: {why}")))
+                    .ok()
+            })
+            .collect();
+        let (set, dropped) = ToolSet::new(tools);
+        problems.extend(
+            dropped
+                .into_iter()
+                .map(|name| format!("tool {name:?}: its name is listed twice")),
+        );
+        (set, problems)
+    }
+
     /// The tool called `name`.
     pub fn get(&self, name: &str) -> Option<&Arc<Tool>> {
         self.by_name.get(name).map(|&i| &self.tools[i])

@@ -406,3 +406,43 @@ fn sigterm_stops_a_daemon_still_waiting_for_its_bus() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+#[tokio::test]
+async fn check_probe_and_run_agree_on_a_child_that_needs_the_legacy_fallback() {
+    // A legacy-only server that dies of the modern era probe: both `check
+    // --probe` and `run` start it again as legacy MCP, through one launcher.
+    let dir = TempDir::new("legacy-fallback");
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\nenv = {{ FAULT = \"legacy_dies_on_discover\" }}\n",
+            common::repo("tests/fixtures/faulty_toolbox.py")
+        ),
+    );
+    let (code, out, err) = toolboxd(&[
+        "check",
+        "--probe",
+        "--manifests",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let summary = out
+        .lines()
+        .find_map(|l| l.split_once("faulty.toml: ").map(|(_, s)| s.to_owned()))
+        .unwrap_or_else(|| panic!("{out}"));
+    let (era, tools) = summary.split_once(", ").unwrap();
+    assert!(era.starts_with("legacy MCP "), "{summary}");
+    let count: u64 = tools.split(' ').next().unwrap().parse().unwrap();
+    let daemon = Daemon::start(dir.path());
+    let row = daemon.status("faulty");
+    assert_eq!(
+        (row["era"].as_str(), row["tools"].as_u64()),
+        (Some(era), Some(count)),
+        "{row}"
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("faulty", "ok", json!({})).await["result"],
+        json!({"ok": true})
+    );
+}

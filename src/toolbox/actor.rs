@@ -15,10 +15,10 @@ use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
 use super::{Command, Deadlines, Outcome, Serving, Slot, State, Stats};
 use crate::child::{Child, ChildEvent, ExitInfo, RpcFailure};
+use crate::launch::{self, LaunchError, Launched};
 use crate::manifest::Manifest;
 use crate::mcp::ToolSpec;
-use crate::session::Session;
-use crate::tool::{Tool, ToolSet};
+use crate::tool::ToolSet;
 
 /// How long a child gets to exit after its stdin closes, and again after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(3);
@@ -47,14 +47,6 @@ enum Phase {
     Exit,
 }
 
-/// A child that finished its handshake and listed its tools, not yet serving.
-struct Launched {
-    child: Child,
-    events: mpsc::UnboundedReceiver<ChildEvent>,
-    session: Session,
-    tools: Arc<ToolSet>,
-}
-
 /// The child serving calls.
 struct Running {
     child: Child,
@@ -77,19 +69,17 @@ struct Down {
 
 impl Down {
     /// A child that could not finish its start: make sure it is gone, say why.
-    async fn of_failed_start(child: &Child, why: String) -> Down {
-        let exit = match tokio::time::timeout(Duration::from_millis(200), child.exited()).await {
-            Ok(exit) => exit,
-            Err(_) => {
-                child.signal_group(nix::sys::signal::Signal::SIGKILL);
-                child.exited().await
-            }
+    async fn of_failed_start(failed: LaunchError) -> Down {
+        let (exit, stderr) = failed.reap().await;
+        let text = match failed.child {
+            Some(_) => format!("failed to start ({}; child {exit})", failed.why),
+            None => format!("failed to start: {}", failed.why),
         };
         Down {
             exit,
             uptime: Duration::ZERO,
-            text: format!("failed to start ({why}; child {exit})"),
-            stderr: child.stderr_tail(),
+            text,
+            stderr,
         }
     }
 }
@@ -190,68 +180,27 @@ impl Actor {
         }
     }
 
-    /// Spawns a child, selects its era and lists its tools.
+    /// Starts a child through the one launcher; remembers the era it speaks
+    /// for the next start (or forgets a guess that failed).
     async fn launch(&mut self) -> Result<Launched, Down> {
-        let limits = &self.manifest.limits;
-        let probe_timeout = Duration::from_secs(limits.probe_timeout_s);
-        let request_timeout = Duration::from_secs(limits.call_timeout_s);
-        let mut attempt = 0;
-        let (child, events, session) = loop {
-            attempt += 1;
-            let (child, events) = Child::spawn(&self.manifest).map_err(|e| Down {
-                exit: ExitInfo::Code(-1),
-                uptime: Duration::ZERO,
-                text: format!("failed to start: {e}"),
-                stderr: Vec::new(),
-            })?;
-            tracing::info!(toolbox = self.id(), pid = child.pid(), "child spawned");
-            let opened = Session::open(
-                child.rpc().clone(),
-                self.pin.as_deref(),
-                probe_timeout,
-                request_timeout,
-            )
-            .await;
-            match opened {
-                Ok(session) => break (child, events, session),
-                // A legacy child may die of the unknown `server/discover` probe:
-                // start it again and go straight to `initialize`.
-                Err(e) if e.child_died() && self.pin.is_none() && attempt == 1 => {
-                    tracing::info!(
+        match launch::launch(&self.manifest, self.pin.as_deref()).await {
+            Ok(launched) => {
+                self.pin = Some(launched.session.era().version().to_owned());
+                for problem in &launched.left_out {
+                    tracing::warn!(
                         toolbox = self.id(),
-                        pid = child.pid(),
-                        "child ended during the era probe ({e}); retrying as legacy MCP"
+                        pid = launched.child.pid(),
+                        "tool left out: {problem}"
                     );
-                    self.pin = Some(crate::manifest::LEGACY_VERSIONS[0].to_owned());
                 }
-                Err(e) => {
-                    // Probe again next time: the guess above may have been wrong.
-                    self.pin = self.manifest.protocol.clone();
-                    return Err(Down::of_failed_start(&child, format!("handshake: {e}")).await);
-                }
+                self.last_specs = Some(launched.specs.clone());
+                Ok(launched)
             }
-        };
-        self.pin = Some(session.era().version().to_owned());
-        let (specs, problems) = match session.list_tools(request_timeout).await {
-            Ok(listed) => listed,
-            Err(e) => {
-                return Err(Down::of_failed_start(&child, format!("listing tools: {e}")).await)
+            Err(failed) => {
+                self.pin = self.manifest.protocol.clone();
+                Err(Down::of_failed_start(failed).await)
             }
-        };
-        for problem in problems {
-            tracing::warn!(
-                toolbox = self.id(),
-                pid = child.pid(),
-                "tool left out: {problem}"
-            );
         }
-        let tools = self.compile(specs);
-        Ok(Launched {
-            child,
-            events,
-            session,
-            tools,
-        })
     }
 
     /// Makes a launched child the serving one: tools and slot are published
@@ -271,7 +220,7 @@ impl Actor {
             tools = launched.tools.len(),
             "toolbox ready"
         );
-        self.publish(State::Ready, Some(launched.tools));
+        self.publish(State::Ready, Some(Arc::new(launched.tools)));
         let _ = self.out.slot.send(Slot::Serving(serving.clone()));
         self.stats.set_era(serving.session.era().to_string());
         Running {
@@ -280,27 +229,6 @@ impl Actor {
             serving,
             started: Instant::now(),
         }
-    }
-
-    /// Compiles listed tools, logging each one left out.
-    fn compile(&mut self, specs: Vec<ToolSpec>) -> Arc<ToolSet> {
-        self.last_specs = Some(specs.clone());
-        let tools = specs
-            .into_iter()
-            .filter_map(|spec| {
-                let name = spec.name.clone();
-                Tool::compile(&self.manifest.id, spec)
-                    .map_err(|why| {
-                        tracing::warn!(toolbox = self.id(), tool = %name, "tool left out: {why}")
-                    })
-                    .ok()
-            })
-            .collect();
-        let (set, dropped) = ToolSet::new(tools);
-        for name in dropped {
-            tracing::warn!(toolbox = self.id(), tool = %name, "tool left out: its name is listed twice");
-        }
-        Arc::new(set)
     }
 
     /// Serves until the child exits, the toolbox is stopped, or every handle is gone.
@@ -445,11 +373,14 @@ impl Actor {
         let limit = Duration::from_secs(self.manifest.limits.call_timeout_s);
         match running.serving.session.list_tools(limit).await {
             Ok((specs, _)) if self.last_specs.as_ref() == Some(&specs) => {}
-            Ok((specs, problems)) => {
+            Ok((specs, mut problems)) => {
+                let (tools, rejected) = ToolSet::compile(&self.manifest.id, specs.clone());
+                problems.extend(rejected);
                 for problem in problems {
                     tracing::warn!(toolbox = self.id(), "tool left out: {problem}");
                 }
-                let tools = self.compile(specs);
+                self.last_specs = Some(specs);
+                let tools = Arc::new(tools);
                 tracing::info!(
                     toolbox = self.id(),
                     tools = tools.len(),
