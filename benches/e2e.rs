@@ -8,7 +8,7 @@
 //! (result value, no `error` key) within a deadline; a wrong answer, an error or
 //! a timeout fails the run. Rates count answered calls. Memory (PSS) and CPU are
 //! summed over each service's whole process tree, and again without the
-//! toolboxes (toolboxd and its `__leader` helpers only). A failed /proc read is
+//! toolboxes (toolboxd and its `__keeper` helper only). A failed /proc read is
 //! an error, never a zero.
 //!
 //! Modes (the arguments after `cargo bench --bench e2e --`):
@@ -366,14 +366,14 @@ mod procfs {
         Ok(all)
     }
 
-    fn is_leader(pid: u32) -> Result<bool> {
+    fn is_helper(pid: u32) -> Result<bool> {
         let path = format!("/proc/{pid}/cmdline");
         let raw = std::fs::read(&path).with_context(|| format!("reading {path}"))?;
-        Ok(raw.split(|&b| b == 0).nth(1) == Some(toolboxd::leader::SUBCOMMAND.as_bytes()))
+        Ok(raw.split(|&b| b == 0).nth(1) == Some(toolboxd::keeper::SUBCOMMAND.as_bytes()))
     }
 
     /// A process tree: the service's own processes (the root and the
-    /// `__leader` helpers under it) and the rest (toolboxes and their
+    /// `__keeper` helper under it) and the rest (toolboxes and their
     /// descendants).
     struct Tree {
         own: Vec<u32>,
@@ -394,7 +394,7 @@ mod procfs {
         let mut stack = vec![(root, true)];
         while let Some((pid, own_part)) = stack.pop() {
             for &kid in kids.get(&pid).map(Vec::as_slice).unwrap_or_default() {
-                let helper = own_part && is_leader(kid)?;
+                let helper = own_part && is_helper(kid)?;
                 if helper {
                     own.push(kid);
                 } else {
@@ -1549,7 +1549,7 @@ async fn bench(b: &mut Bench) {
     let own = |l: &LoadRecord| l.cpu_per_call_us.map(|s| s.without_children);
     b.cpu_row(
         "2-cpu",
-        "C=8: CPU per call, whole tree (toolboxd + leader + Python child) ÷ the Python service's process",
+        "C=8: CPU per call, whole tree (toolboxd + keeper + Python child) ÷ the Python service's process",
         tree(&s2[0]),
         tree(&p),
     );
@@ -1561,7 +1561,7 @@ async fn bench(b: &mut Bench) {
     );
     b.cpu_row(
         "2-cpu-own",
-        "C=8: CPU per call without children (toolboxd + leader) ÷ the Python service's process",
+        "C=8: CPU per call without children (toolboxd + keeper) ÷ the Python service's process",
         own(&s2[0]),
         tree(&p),
     );
@@ -1691,7 +1691,7 @@ async fn bench(b: &mut Bench) {
     );
     b.memory_row(
         "5-mem-own",
-        "the same, toolboxd without children (daemon + 20 leaders)",
+        "the same, toolboxd without children (daemon + keeper)",
         s5[1].map(|s| s.without_children),
         tree(&p),
         None,
@@ -1799,7 +1799,7 @@ async fn bench(b: &mut Bench) {
         "memory per added toolbox (2 → 200 compiled children), whole tree",
         tree_per,
         format!(
-            "{} a toolbox ({} of it toolboxd's: daemon + leader)",
+            "{} a toolbox ({} of it toolboxd's: daemon + keeper)",
             tree_per.map_or("n/a".into(), |m| format!("{:.2} MiB", m)),
             own_per.map_or("n/a".into(), |m| format!("{:.2} MiB", m))
         ),
@@ -2014,7 +2014,7 @@ fn tables(reports: &[Report]) -> String {
     line(String::new());
     line(format!(
         "Closed loop, one request in flight per connection (C); {} s measured after a {} ms warm-up. \
-         \"Tree\" is the whole process tree of the service; \"own\" leaves out its toolbox children (toolboxd and its leaders). \
+         \"Tree\" is the whole process tree of the service; \"own\" leaves out its toolbox children (toolboxd and its keeper). \
          Memory ({}) after the load.",
         last.run_ms as f64 / 1e3,
         last.warmup_ms,

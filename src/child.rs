@@ -4,8 +4,11 @@
 //! stdin, a reader that owns stdout and routes each response to its waiting
 //! caller by JSON-RPC id, a stderr forwarder, and a reaper that waits for the
 //! exit and fails every call still in flight with the exit status. Dropping the
-//! `Child` kills its whole process group, so nothing leaks; the process also gets
-//! a parent-death signal, so it dies even if toolboxd is killed outright.
+//! `Child` kills its whole process group and, where the kernel allows, its
+//! cgroup ([`crate::cgroup`]: every process it started, `setsid` ones too), so
+//! nothing leaks. The process also gets a parent-death signal, and the
+//! daemon's keeper ([`crate::keeper`]) kills its group and cgroup if toolboxd
+//! is killed outright.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -187,6 +190,11 @@ impl RpcHandle {
             .send(mcp::notification_line(method, &params));
     }
 
+    /// The toolbox this child belongs to and its pid, for log lines.
+    pub fn owner(&self) -> (&str, u32) {
+        (&self.link.toolbox, self.link.pid)
+    }
+
     /// Whether the child is gone (exited, broken or stopping): a request now
     /// would fail at once without reaching it.
     pub fn is_closed(&self) -> bool {
@@ -230,6 +238,8 @@ pub struct Child {
     exit: watch::Receiver<Option<ExitInfo>>,
     /// The last stderr lines, for the log line that reports a failure.
     stderr_tail: StderrTail,
+    /// Its cgroup, where cgroups are used: killed and removed with the child.
+    cgroup: Option<crate::cgroup::Cgroup>,
 }
 
 impl Child {
@@ -239,17 +249,18 @@ impl Child {
         manifest: &Manifest,
     ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
         let parent = std::process::id();
-        let mut cmd = match crate::leader::executable() {
-            Some(leader) => {
-                let mut cmd = Command::new(leader);
-                cmd.arg(crate::leader::SUBCOMMAND)
-                    .arg(parent.to_string())
-                    .arg("--")
-                    .arg(&manifest.program);
-                cmd
-            }
-            None => Command::new(&manifest.program),
-        };
+        // The keeper must exist before the child does (it is started once).
+        let keeper = crate::keeper::Keeper::get();
+        let cgroup = crate::cgroup::Cgroups::get().and_then(|cgroups| {
+            cgroups
+                .new_child(&manifest.id)
+                .map_err(|e| {
+                    tracing::warn!(toolbox = %manifest.id, "cannot create a cgroup for the child: {e}")
+                })
+                .ok()
+        });
+        let enter = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
+        let mut cmd = Command::new(&manifest.program);
         cmd.args(&manifest.args)
             .current_dir(&manifest.cwd)
             .stdin(Stdio::piped())
@@ -261,17 +272,20 @@ impl Child {
         }
         cmd.envs(&manifest.env);
         // SAFETY: the closure runs between fork and exec and calls only
-        // async-signal-safe functions (prctl, getppid, _exit).
+        // async-signal-safe functions (prctl, getppid, _exit, open, write, close).
         unsafe {
             cmd.pre_exec(move || {
                 // Die with the daemon. The signal fires when the *thread* that
-                // forked exits; children are spawned from runtime worker threads,
-                // which live as long as the daemon.
+                // forked exits; children are spawned from the runtime's one
+                // thread, which lives as long as the daemon.
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 if libc::getppid() as u32 != parent {
                     libc::_exit(1);
+                }
+                if let Some(enter) = &enter {
+                    crate::cgroup::enter(enter)?;
                 }
                 Ok(())
             });
@@ -280,6 +294,9 @@ impl Child {
             program: manifest.program.display().to_string(),
             source,
         })?;
+        if let (Some(keeper), Some(pid)) = (keeper, process.id()) {
+            keeper.watch(pid);
+        }
         // invariant: all three pipes were requested above and not yet taken.
         let (Some(stdin), Some(stdout), Some(stderr), Some(pid)) = (
             process.stdin.take(),
@@ -339,6 +356,7 @@ impl Child {
                 rpc: RpcHandle { link },
                 exit: exit_rx,
                 stderr_tail,
+                cgroup,
             },
             events_rx,
         ))
@@ -412,6 +430,12 @@ impl Drop for Child {
         // The group id stays reserved while any member lives, so this can only
         // reach this child's own leftovers (or nothing).
         self.signal_group(nix::sys::signal::Signal::SIGKILL);
+        if let Some(cgroup) = self.cgroup.take() {
+            cgroup.kill_and_remove();
+        }
+        if let Some(keeper) = crate::keeper::Keeper::get() {
+            keeper.forget(self.pid);
+        }
     }
 }
 

@@ -18,8 +18,10 @@
 //!   `check --probe` alike).
 //! - [`session`]: the MCP conversation with one child (era, tools, calls).
 //! - [`child`]: one child process; stdio framing and request multiplexing.
-//! - [`leader`]: the process-group leader that makes a toolbox's whole group
-//!   die with the daemon.
+//! - [`keeper`]: the one helper process that makes everything a toolbox
+//!   started die with the daemon, even a SIGKILLed one.
+//! - [`cgroup`]: a cgroup per toolbox child where the kernel allows, so a
+//!   toolbox's whole tree (`setsid` included) ends with it.
 //! - [`mcp`]: JSON-RPC and MCP model types (pure).
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
 //! - [`control`]: the control socket and `toolboxd ctl`.
@@ -31,12 +33,13 @@
 pub mod answers;
 pub mod bus;
 pub mod caller;
+pub mod cgroup;
 pub mod check;
 pub mod child;
 pub mod control;
 pub mod daemon;
+pub mod keeper;
 pub mod launch;
-pub mod leader;
 pub mod manifest;
 pub mod mcp;
 pub mod notify;

@@ -156,23 +156,15 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
-    // The process-group leader between the daemon and each toolbox
-    // (src/leader.rs): no runtime, no logging, just wait.
+    // The daemon's keeper (src/keeper.rs): no runtime, no logging, just wait
+    // for the daemon's end.
     let mut raw = std::env::args_os().skip(1);
-    if raw.next().as_deref() == Some(std::ffi::OsStr::new(toolboxd::leader::SUBCOMMAND)) {
-        let parent = raw
-            .next()
-            .and_then(|p| p.to_str()?.parse().ok())
-            .unwrap_or(0);
-        let _dashdash = raw.next();
-        let Some(program) = raw.next() else {
-            return ExitCode::from(2);
-        };
-        toolboxd::leader::run(parent, program, raw.collect());
+    if raw.next().as_deref() == Some(std::ffi::OsStr::new(toolboxd::keeper::SUBCOMMAND)) {
+        toolboxd::keeper::run(toolboxd::keeper::cgroup_arg(raw.next()));
     }
     let cli = Cli::parse();
     if let Ok(exe) = std::env::current_exe() {
-        toolboxd::leader::install(exe);
+        toolboxd::keeper::install(exe);
     }
     init_logging(cli.log_format);
     // One thread: children get a parent-death signal tied to the thread that

@@ -150,7 +150,12 @@ impl Session {
             })?;
         if !LEGACY_VERSIONS.contains(&agreed) {
             // The tool methods are the same in every legacy version; carry on.
-            tracing::warn!("child chose MCP version {agreed:?}, unknown to toolboxd; carrying on");
+            let (toolbox, pid) = rpc.owner();
+            tracing::warn!(
+                toolbox,
+                pid,
+                "child chose MCP version {agreed:?}, unknown to toolboxd; carrying on"
+            );
         }
         rpc.notify("notifications/initialized", Value::Null);
         Ok(Session {

@@ -573,11 +573,11 @@ async fn daemon_with_a_grandchild(tag: &str) -> (Setup, Daemon) {
     )
     .await;
     assert_eq!(data["result"], json!({"ok": true}));
-    // The leader, the fixture child and its grandchild all carry the mark,
-    // and the grandchild is the one that wrote its pid.
+    // The fixture child and its grandchild carry the mark, and the
+    // grandchild is the one that wrote its pid.
     assert_eq!(
         processes_with(&s.mark).len(),
-        3,
+        2,
         "{:?}",
         processes_with(&s.mark)
     );
@@ -943,7 +943,7 @@ fn between(events: &[(String, f64)], from: &str, to: &str) -> f64 {
 async fn ctl_stop_closes_stdin_then_sigterms_then_sigkills() {
     let s = Setup::new("ctlstop", "stubborn", "");
     let daemon = Daemon::start(s.dir.path());
-    assert_eq!(processes_with(&s.mark).len(), 2, "leader and child");
+    assert_eq!(processes_with(&s.mark).len(), 1, "the child alone");
     let started = Instant::now();
     let (code, out, err) = daemon.ctl(&["stop", "faulty"]);
     let took = started.elapsed();
@@ -1030,4 +1030,86 @@ async fn sigterm_drains_refuses_new_calls_and_escalates_to_sigkill() {
     assert!(inflight[0]["data"]["error"].is_string(), "{inflight:#?}");
     bus_process.kill().unwrap();
     bus_process.wait().unwrap();
+}
+
+/// The pids whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // "PID (COMM) STATE PPID ...": the comm may hold spaces.
+                    let after = &stat[stat.rfind(')')? + 2..];
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn one_process_per_toolbox_and_nothing_outlives_a_killed_daemon() {
+    let s = Setup::new("tree", "", "");
+    let mut daemon = Daemon::start(s.dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    // A grandchild in a session (and process group) of its own.
+    let (data, _) = call(
+        &mut bus,
+        "faulty",
+        "spawn_grandchild",
+        json!({"die": false, "setsid": true}),
+    )
+    .await;
+    assert_eq!(data["result"], json!({"ok": true}));
+    let grandchild = s.grandchildren()[0];
+    // Status shows each toolbox's own pid...
+    let (who, _) = call(&mut bus, "faulty", "whoami", json!({})).await;
+    let faulty = daemon.status("faulty")["pids"][0].as_u64().unwrap() as u32;
+    let math = daemon.status("math")["pids"][0].as_u64().unwrap() as u32;
+    assert_eq!(who["result"]["pid"].as_u64(), Some(faulty as u64));
+    // ...and the daemon's children are the two toolboxes and at most one helper.
+    let children = children_of(daemon.pid());
+    assert!(
+        children.contains(&faulty) && children.contains(&math),
+        "{children:?} lacks {faulty} or {math}"
+    );
+    assert!(children.len() <= 3, "children of the daemon: {children:?}");
+    // SIGKILL the daemon: every toolbox process, the setsid grandchild
+    // included, ends.
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    for pid in [faulty as i32, math as i32, grandchild] {
+        common::wait_until(
+            &format!("process {pid} ends with the daemon"),
+            Duration::from_secs(5),
+            || nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err(),
+        );
+    }
+    wait_until_gone(&s.mark, Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn a_setsid_grandchild_ends_with_ctl_stop() {
+    let s = Setup::new("setsid-stop", "", "");
+    let daemon = Daemon::start(s.dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let (data, _) = call(
+        &mut bus,
+        "faulty",
+        "spawn_grandchild",
+        json!({"die": false, "setsid": true}),
+    )
+    .await;
+    assert_eq!(data["result"], json!({"ok": true}));
+    let grandchild = nix::unistd::Pid::from_raw(s.grandchildren()[0]);
+    assert!(nix::sys::signal::kill(grandchild, None).is_ok());
+    let (code, out, err) = daemon.ctl(&["stop", "faulty"]);
+    assert_eq!(code, 0, "{out}{err}");
+    common::wait_until("the setsid grandchild ends", Duration::from_secs(5), || {
+        nix::sys::signal::kill(grandchild, None).is_err()
+    });
+    neighbour_answers(&mut bus).await;
 }

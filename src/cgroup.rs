@@ -1,0 +1,208 @@
+//! One cgroup (v2) per toolbox child, where the kernel and the daemon's
+//! privileges allow: a cgroup holds every process the child starts, `setsid`
+//! ones included, and `cgroup.kill` ends them all at once. So a toolbox's stop
+//! (or its exit) leaves nothing behind, and the keeper can end every toolbox
+//! of a daemon that was killed outright.
+//!
+//! The daemon makes `toolboxd-<pid>` under its own cgroup in the cgroup2
+//! hierarchy (found in /proc/self/mountinfo and /proc/self/cgroup) and one
+//! child cgroup per toolbox child in it. Where that is not possible (no
+//! cgroup2 mount, not writable), toolboxes run without: process groups and
+//! the parent-death signal remain (see docs/failure-modes.md).
+
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+static CGROUPS: OnceLock<Option<Cgroups>> = OnceLock::new();
+
+/// The daemon's cgroup directory for its toolboxes.
+pub struct Cgroups {
+    /// `<cgroup2 mount>/<our cgroup>/toolboxd-<pid>`.
+    root: PathBuf,
+    /// Names each child's cgroup uniquely.
+    next: AtomicU64,
+}
+
+/// One toolbox child's cgroup.
+#[derive(Debug)]
+pub struct Cgroup {
+    /// Its directory.
+    dir: PathBuf,
+    /// `<dir>/cgroup.procs`, prepared before fork so the child can move
+    /// itself in without allocating.
+    procs: CString,
+}
+
+impl Cgroups {
+    /// The daemon's cgroups, created on first use; `None` where cgroups
+    /// cannot be used (then said once in the log).
+    pub fn get() -> Option<&'static Cgroups> {
+        CGROUPS
+            .get_or_init(|| match Cgroups::create() {
+                Ok(cgroups) => Some(cgroups),
+                Err(why) => {
+                    tracing::info!("toolboxes run without cgroups: {why}");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    fn create() -> Result<Cgroups, String> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+            .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+        let mount = cgroup2_mount(&mountinfo).ok_or("no cgroup2 hierarchy is mounted")?;
+        let own = std::fs::read_to_string("/proc/self/cgroup")
+            .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
+        let own = own_cgroup2_path(&own).ok_or("this process has no cgroup2 path")?;
+        let root = mount
+            .join(own.trim_start_matches('/'))
+            .join(format!("toolboxd-{}", std::process::id()));
+        std::fs::create_dir(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
+        if !root.join("cgroup.kill").exists() {
+            let _ = std::fs::remove_dir(&root);
+            return Err("the kernel has no cgroup.kill (Linux 5.14+)".to_owned());
+        }
+        Ok(Cgroups {
+            root,
+            next: AtomicU64::new(0),
+        })
+    }
+
+    /// The directory holding every toolbox cgroup of this daemon.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// A new cgroup for one child of toolbox `id`.
+    pub fn new_child(&self, id: &str) -> std::io::Result<Cgroup> {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let dir = self.root.join(format!("{id}-{n}"));
+        std::fs::create_dir(&dir)?;
+        let procs = CString::new(
+            dir.join("cgroup.procs")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .map_err(std::io::Error::other)?;
+        Ok(Cgroup { dir, procs })
+    }
+}
+
+/// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`
+/// ([`Cgroup::entry`]). Made for a `pre_exec` closure: it only opens, writes
+/// and closes, which are async-signal-safe.
+pub fn enter(procs: &CString) -> std::io::Result<()> {
+    // SAFETY: a NUL-terminated path and a one-byte buffer that outlive the calls.
+    unsafe {
+        let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+        let error = std::io::Error::last_os_error();
+        libc::close(fd);
+        if written != 1 {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+impl Cgroup {
+    /// What a child needs to enter this cgroup between fork and exec ([`enter`]).
+    pub fn entry(&self) -> CString {
+        self.procs.clone()
+    }
+
+    /// Kills every process in the cgroup.
+    pub fn kill(&self) {
+        let _ = std::fs::write(self.dir.join("cgroup.kill"), "1");
+    }
+
+    /// Kills what is left and removes the cgroup once it is empty (in the
+    /// background: the kernel takes a moment to empty it).
+    pub fn kill_and_remove(self) {
+        self.kill();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            let _ = std::fs::remove_dir(&self.dir);
+            return;
+        };
+        runtime.spawn(async move {
+            for _ in 0..50 {
+                if std::fs::remove_dir(&self.dir).is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tracing::warn!(cgroup = %self.dir.display(), "a toolbox cgroup did not empty; left in place");
+        });
+    }
+}
+
+/// Kills every process under `root` and removes it and its cgroups (the
+/// keeper's end of a daemon). Blocking; gives up after about a second.
+pub fn kill_and_remove_tree(root: &Path) {
+    let _ = std::fs::write(root.join("cgroup.kill"), "1");
+    for _ in 0..50 {
+        let children: Vec<PathBuf> = std::fs::read_dir(root)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for child in &children {
+            let _ = std::fs::remove_dir(child);
+        }
+        if std::fs::remove_dir(root).is_ok() || !root.exists() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The mount point of the cgroup2 hierarchy in a mountinfo text.
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        // "ID PARENT MAJ:MIN ROOT MOUNT OPTS [TAGS...] - FSTYPE SOURCE SUPER"
+        let (left, right) = line.split_once(" - ")?;
+        (right.split_whitespace().next()? == "cgroup2")
+            .then(|| left.split_whitespace().nth(4).map(PathBuf::from))?
+    })
+}
+
+/// This process's path in the cgroup2 hierarchy (the `0::` line).
+fn own_cgroup2_path(cgroup: &str) -> Option<&str> {
+    cgroup.lines().find_map(|l| l.strip_prefix("0::"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_cgroup2_mount_and_our_path() {
+        let mountinfo = "25 30 0:22 / /sys rw - sysfs sysfs rw\n\
+                         33 25 0:28 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n\
+                         34 25 0:29 / /sys/fs/cgroup/pids rw - cgroup cgroup rw,pids\n";
+        assert_eq!(
+            cgroup2_mount(mountinfo),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        assert_eq!(
+            cgroup2_mount("34 25 0:29 / /x rw - cgroup cgroup rw\n"),
+            None
+        );
+        assert_eq!(
+            own_cgroup2_path("12:pids:/a\n0::/system.slice/toolboxd.service\n"),
+            Some("/system.slice/toolboxd.service")
+        );
+        assert_eq!(own_cgroup2_path("12:pids:/a\n"), None);
+    }
+}
