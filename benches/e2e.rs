@@ -424,6 +424,25 @@ mod procfs {
         Duration::from_micros(n * 1_000_000 / hz)
     }
 
+    /// The machine's busy CPU time so far, all CPUs (/proc/stat).
+    pub(crate) fn machine_busy() -> Result<Duration> {
+        let text = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("cpu "))
+            .ok_or_else(|| anyhow!("/proc/stat: no cpu line"))?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse().context("/proc/stat: a field is not a number"))
+            .collect::<Result<_>>()?;
+        // user nice system idle iowait irq softirq steal: user, nice, system
+        // and steal. Interrupt time is left out: much of it is the loopback
+        // traffic of the benchmark itself.
+        let busy = [0, 1, 2, 7].iter().filter_map(|&i| f.get(i)).sum();
+        Ok(ticks(busy))
+    }
+
     /// Utime + stime of every process in the tree, plus the time of the
     /// children they reaped (so a toolbox that exits keeps counting).
     pub(crate) fn cpu(root: u32) -> Result<Cpu> {
@@ -990,6 +1009,9 @@ struct Report {
     cpus: usize,
     /// "PSS", or "RSS" where the kernel has no smaps_rollup.
     memory_measure: String,
+    /// The share of the machine's CPU used during the run by processes
+    /// other than the benchmark's own tree: load that skews the figures.
+    other_cpu_share: Option<f64>,
     run_ms: u64,
     warmup_ms: u64,
     deadline_ms: u64,
@@ -1136,6 +1158,7 @@ impl Bench {
                     .map(|s| s.trim().to_owned()),
                 cpus: std::thread::available_parallelism().map_or(0, usize::from),
                 memory_measure: "PSS".into(),
+                other_cpu_share: None,
                 run_ms: RUN.as_millis() as u64,
                 warmup_ms: WARMUP.as_millis() as u64,
                 deadline_ms: DEADLINE.as_millis() as u64,
@@ -1960,6 +1983,19 @@ fn tables(reports: &[Report]) -> String {
         out.push_str(&s);
         out.push('\n');
     };
+    let shares: Vec<String> = reports
+        .iter()
+        .map(|r| {
+            r.other_cpu_share
+                .map_or("n/a".into(), |s| format!("{:.0}%", s * 100.0))
+        })
+        .collect();
+    line(format!(
+        "Other processes used {} of the machine's CPU during the run{} (/proc/stat, less the benchmark's own process tree); above a few percent, they skew the figures.",
+        shares.join(", "),
+        if reports.len() > 1 { "s" } else { "" }
+    ));
+    line(String::new());
     line("### Targets".into());
     line(String::new());
     if several {
@@ -2286,7 +2322,27 @@ fn main() -> ExitCode {
     let json_path = value("--json").unwrap_or_else(|| root().join("target/bench/e2e.json"));
     let home = xdg_home();
     let mut b = Bench::new(home);
+    // The CPU others use meanwhile: the machine's busy time less this
+    // process's tree (every process the benchmark starts is reaped into it).
+    let cpu_now = || -> anyhow::Result<(Duration, Duration, Instant)> {
+        Ok((
+            procfs::machine_busy()?,
+            procfs::cpu(std::process::id())?.tree,
+            Instant::now(),
+        ))
+    };
+    let before = cpu_now();
     runtime().block_on(bench(&mut b));
+    match before.and_then(|b0| Ok((b0, cpu_now()?))) {
+        Ok(((busy0, own0, t0), (busy1, own1, t1))) => {
+            let others = busy1
+                .saturating_sub(busy0)
+                .saturating_sub(own1.saturating_sub(own0));
+            let capacity = (t1 - t0).as_secs_f64() * b.report.cpus.max(1) as f64;
+            b.report.other_cpu_share = ratio(others.as_secs_f64(), capacity);
+        }
+        Err(e) => b.fail(format!("the machine's CPU: {e:#}")),
+    }
     b.report.finished = utc(SystemTime::now());
     let _ = std::fs::remove_dir_all(
         std::env::temp_dir().join(format!("toolboxd-bench-{}", std::process::id())),

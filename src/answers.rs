@@ -69,7 +69,7 @@ pub fn ambiguous(name: &str, ids: &[String]) -> String {
     )
 }
 
-/// Maps a `tools/call` result to the bus result (DESIGN §4), or to the
+/// Maps a `tools/call` result to the bus result (docs/protocol.md), or to the
 /// `Class: message` error text.
 pub fn map_call_result(result: Value, has_output_schema: bool) -> Result<Value, String> {
     let Value::Object(mut result) = result else {

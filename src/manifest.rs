@@ -1,6 +1,6 @@
 //! TOML manifests: one file per toolbox, parsed, validated and resolved.
 //!
-//! A manifest names an executable and how to run and supervise it (DESIGN §3).
+//! A manifest names an executable and how to run and supervise it (docs/manifest.md).
 //! Everything an operator can get wrong is caught here, before anything is
 //! spawned, with an error that names the file, the line and the fix.
 
@@ -47,7 +47,7 @@ pub struct Manifest {
     pub limits: Limits,
 }
 
-/// Restart policy knobs (DESIGN §3 `[restart]`).
+/// Restart policy knobs (`[restart]` in docs/manifest.md).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Restart {
@@ -93,7 +93,7 @@ pub enum RestartPolicy {
     Never,
 }
 
-/// Bounds on calls and child output (DESIGN §3 `[limits]`).
+/// Bounds on calls and child output (`[limits]` in docs/manifest.md).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Limits {
@@ -310,7 +310,7 @@ impl Manifest {
     }
 }
 
-/// Whether `id` is a valid toolbox_id (OVOS-TOOLS-1 §3, DESIGN §3).
+/// Whether `id` is a valid toolbox_id (OVOS-TOOLS-1 §3; docs/manifest.md).
 pub fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id
@@ -362,7 +362,7 @@ fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, 
     Ok(())
 }
 
-/// Resolves `command` the way DESIGN §3 says: with a '/', relative to the
+/// Resolves `command` the way docs/manifest.md says: with a '/', relative to the
 /// manifest's directory; without, looked up in `search_path`.
 fn resolve_command(command: &str, dir: &Path, search_path: &str) -> Result<PathBuf, String> {
     if command.is_empty() {

@@ -125,7 +125,7 @@ pub fn response_line(id: &Value, result: Result<Value, (i64, &str)>) -> Vec<u8> 
     }
 }
 
-/// The MCP era a child speaks (DESIGN §4).
+/// The MCP era a child speaks (docs/protocol.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Era {
     /// Stateless: every request carries `_meta` with this protocol version.

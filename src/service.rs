@@ -1,4 +1,4 @@
-//! The bus topics of OVOS-TOOLS-1 (DESIGN §5): persona topics, the flat tool
+//! The bus topics of OVOS-TOOLS-1 (docs/protocol.md): persona topics, the flat tool
 //! service topics and the predecessor per-toolbox topic.
 //!
 //! [`Service::dispatch`] runs on the bus read loop and never waits: it decodes a

@@ -1,5 +1,5 @@
 //! The MCP client conversation with one child: era selection, tool listing,
-//! tool calls and liveness probes (DESIGN §4). Every MCP method name toolboxd
+//! tool calls and liveness probes (docs/protocol.md). Every MCP method name toolboxd
 //! sends is written here.
 
 use std::time::Duration;

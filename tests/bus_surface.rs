@@ -1,4 +1,4 @@
-//! Every OVOS-TOOLS-1 topic of DESIGN §5, over a real websocket bus, against a
+//! Every OVOS-TOOLS-1 topic (docs/protocol.md), over a real websocket bus, against a
 //! real daemon with real child processes.
 
 mod common;

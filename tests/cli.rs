@@ -407,6 +407,190 @@ fn sigterm_stops_a_daemon_still_waiting_for_its_bus() {
     }
 }
 
+/// The delay a "retrying in N ms" log line announces.
+fn retry_delay_ms(line: &Value) -> Option<u64> {
+    let message = line["message"].as_str()?;
+    let (_, rest) = message.rsplit_once("; retrying in ")?;
+    rest.strip_suffix(" ms")?.parse().ok()
+}
+
+/// Seconds since midnight (UTC) of a JSON log line's RFC 3339 `timestamp`.
+fn log_time_s(line: &Value) -> f64 {
+    let stamp = line["timestamp"].as_str().expect("a timestamp");
+    let time = stamp
+        .split_once('T')
+        .expect("an RFC 3339 timestamp")
+        .1
+        .trim_end_matches('Z');
+    let parts: Vec<f64> = time.split(':').map(|p| p.parse().unwrap()).collect();
+    parts[0] * 3600.0 + parts[1] * 60.0 + parts[2]
+}
+
+#[tokio::test]
+async fn run_with_bus_never_embeds_and_retries_from_100_ms_doubling_to_5_s() {
+    use std::time::Duration;
+    let dir = TempDir::new("backoff");
+    dir.write("math.toml", &math_manifest("math"));
+    let control = dir.path().join("ctl.sock");
+    let (held, port) = common::refusing_port();
+    let url = format!("ws://127.0.0.1:{port}/core");
+    let starting = common::Starting::spawn(
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--bus",
+            &url,
+            "--control",
+            control.to_str().unwrap(),
+        ],
+        &[],
+        &control,
+    );
+    // Every attempt is refused; each says how long it waits before the next.
+    let expected = [100, 200, 400, 800, 1600, 3200, 5000, 5000];
+    let mut retries: Vec<(f64, u64)> = Vec::new();
+    while retries.len() < expected.len() {
+        let (_, line) = starting.expect_line("retrying in", Duration::from_secs(15));
+        let message = line["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("cannot connect to the bus at {url}")),
+            "{line}"
+        );
+        retries.push((
+            log_time_s(&line),
+            retry_delay_ms(&line).expect("a delay in ms"),
+        ));
+    }
+    let delays: Vec<u64> = retries.iter().map(|(_, d)| *d).collect();
+    assert_eq!(delays, expected, "the announced delays");
+    // And it waits that long: by the daemon's own clock, each attempt comes
+    // at least the announced delay after the one before (the elapsed time is
+    // what is tested here).
+    for pair in retries.windows(2) {
+        let gap_ms = (pair[1].0 - pair[0].0).rem_euclid(86_400.0) * 1000.0;
+        let announced = pair[0].1 as f64;
+        assert!(
+            gap_ms >= announced - 1.0 && gap_ms < announced + 3000.0,
+            "{gap_ms:.1} ms between attempts after announcing {announced} ms"
+        );
+    }
+    // It never served a bus of its own, and is not ready without one.
+    for line in starting.logs.lock().unwrap().iter() {
+        let v: Value = serde_json::from_str(line).unwrap_or_default();
+        let message = v["message"].as_str().unwrap_or_default();
+        assert!(
+            !message.contains("embedded bus") && message != "ready",
+            "{line}"
+        );
+    }
+    // The bus comes up on that address: the next retry connects and the
+    // daemon serves there.
+    drop(held);
+    let (_bus, _) = start_bus(port);
+    let daemon = starting.ready();
+    assert_eq!(daemon.url, url);
+    let mut client = Bus::connect(&url).await;
+    let r = client
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 2, "b": 3}}),
+        )
+        .await;
+    assert_eq!(r["data"]["result"]["result"], 5, "{r}");
+    assert!(daemon.log_lines_with("embedded bus").is_empty());
+}
+
+#[test]
+fn check_probe_rejects_tools_whose_schemas_do_not_compile() {
+    let dir = TempDir::new("probe-schema");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "badschema.toml",
+        &format!(
+            "id = \"badschema\"\ncommand = \"python3\"\nargs = [\"{}\"]\n",
+            common::repo("tests/fixtures/bad_schema_toolbox.py")
+        ),
+    );
+    let (code, out, err) = toolboxd(&[
+        "check",
+        "--probe",
+        "--manifests",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}{err}");
+    let errors: Vec<&str> = out.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(errors.len(), 2, "{out}");
+    for (tool, schema) in [("bad_input", "inputSchema"), ("bad_output", "outputSchema")] {
+        assert!(
+            errors
+                .iter()
+                .any(|l| l.contains("badschema.toml: toolbox badschema: ")
+                    && l.contains(&format!("tool {tool:?}: its {schema} does not compile"))),
+            "{tool}: {out}"
+        );
+    }
+    assert!(
+        !out.contains("\"fine\""),
+        "the sound tool is not blamed: {out}"
+    );
+    // The other toolbox passes.
+    assert!(out.contains("ok    math"), "{out}");
+}
+
+#[tokio::test]
+async fn run_without_a_bus_flag_joins_a_bus_already_on_the_default_address() {
+    use std::time::Duration;
+    // The OVOS default address must be free for the test's own bus.
+    if let Err(e) = std::net::TcpListener::bind("127.0.0.1:8181") {
+        panic!(
+            "this test needs 127.0.0.1:8181 (the default bus address) free to start a bus \
+             there, but it is taken: {e}"
+        );
+    }
+    let (mut bus, port) = start_bus(8181);
+    assert_eq!(port, 8181);
+    // No mycroft.conf anywhere: the default address applies.
+    let config = TempDir::new("no-conf");
+    let xdg = config.path().to_str().unwrap().to_owned();
+    let system = config.path().join("absent.conf");
+    let dir = TempDir::new("default-bus");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start_env(
+        &["--manifests", dir.path().to_str().unwrap()],
+        &[
+            ("XDG_CONFIG_HOME", &xdg),
+            ("MYCROFT_SYSTEM_CONFIG", system.to_str().unwrap()),
+        ],
+    );
+    let url = "ws://127.0.0.1:8181/core";
+    assert_eq!(daemon.url, url);
+    let connected = daemon.log_lines_with("connected to the bus");
+    assert_eq!(connected.len(), 1, "{connected:?}");
+    assert_eq!(connected[0]["bus"], url);
+    assert!(
+        daemon.log_lines_with("embedded bus").is_empty(),
+        "{:?}",
+        daemon.logs.lock().unwrap()
+    );
+    let mut client = Bus::connect(url).await;
+    let r = client
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 4, "b": 5}}),
+        )
+        .await;
+    assert_eq!(r["data"]["result"]["result"], 9, "{r}");
+    // The bus was ours, not the daemon's: once it is gone, the daemon
+    // reconnects and nothing listens on 8181 any more.
+    bus.kill().unwrap();
+    bus.wait().unwrap();
+    daemon.wait_for_log("reconnecting", 1, Duration::from_secs(10));
+    assert!(
+        tokio_tungstenite::connect_async(url).await.is_err(),
+        "something still serves {url}"
+    );
+}
+
 #[tokio::test]
 async fn check_probe_and_run_agree_on_a_child_that_needs_the_legacy_fallback() {
     // A legacy-only server that dies of the modern era probe: both `check

@@ -1,4 +1,4 @@
-//! Operators (DESIGN §2 `ctl`, §6): the control socket, rolling restart under
+//! Operators (`toolboxd ctl`, docs/operations.md): the control socket, rolling restart under
 //! load, stop/start, manifest reload as a diff, and systemd notifications.
 
 mod common;
@@ -607,4 +607,437 @@ async fn instances_share_the_calls_and_survive_each_other() {
         out.contains("instance 0: restarted") && out.contains("instance 1: restarted"),
         "{out}"
     );
+}
+
+/// CLOCK_MONOTONIC in seconds (Python's time.monotonic() on Linux).
+fn monotonic_now_s() -> f64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+    t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9
+}
+
+/// Whether process `pid` or any process of its group still exists (a
+/// toolbox's pid is its group leader, and the group id).
+fn group_alive(pid: u64) -> bool {
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    nix::sys::signal::kill(pid, None).is_ok() || nix::sys::signal::killpg(pid, None).is_ok()
+}
+
+fn pids_of(daemon: &Daemon, id: &str) -> Vec<u64> {
+    daemon.status(id)["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn ready_is_sent_only_once_a_slow_toolbox_has_finished_starting() {
+    let dir = TempDir::new("slow-ready");
+    let note = dir.path().join("serving");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "slow.toml",
+        &fixture_manifest(
+            "slow",
+            &format!(
+                "env = {{ START_DELAY_S = \"2\", SERVING_NOTE = \"{}\" }}",
+                note.display()
+            ),
+        ),
+    );
+    let sock_dir = TempDir::new("ready-sock");
+    let path = sock_dir.path().join("notify.sock");
+    let systemd = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    systemd
+        .set_read_timeout(Some(common::ANSWER_DEADLINE))
+        .unwrap();
+    // When READY=1 arrives, on the clock the fixture notes its start on.
+    let (tx, ready) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok(n) = systemd.recv(&mut buf) {
+            let at = monotonic_now_s();
+            if buf[..n].starts_with(b"READY=1") {
+                let _ = tx.send(at);
+                return;
+            }
+        }
+    });
+    let spawned = monotonic_now_s();
+    let daemon = Daemon::start_env(
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ],
+        &[("NOTIFY_SOCKET", path.to_str().unwrap())],
+    );
+    let ready_at = ready
+        .recv_timeout(common::ANSWER_DEADLINE)
+        .expect("READY=1");
+    let serving: f64 = std::fs::read_to_string(&note)
+        .expect("the slow toolbox noted when it started serving")
+        .trim()
+        .strip_prefix("serving ")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        ready_at >= serving,
+        "READY=1 came {:.3} s before the slow toolbox began to serve",
+        serving - ready_at
+    );
+    assert!(
+        ready_at - spawned >= 2.0,
+        "READY=1 came {:.3} s after the daemon was started; the slow toolbox takes 2 s",
+        ready_at - spawned
+    );
+    for id in ["slow", "math"] {
+        let row = daemon.status(id);
+        assert_eq!(row["state"], "ready", "{row}");
+        assert_eq!(row["pids"].as_array().unwrap().len(), 1, "{row}");
+    }
+}
+
+#[test]
+fn the_control_socket_defaults_to_xdg_runtime_dir() {
+    let dir = TempDir::new("ctl-default");
+    dir.write("math.toml", &math_manifest("math"));
+    let runtime = TempDir::new("xdg-runtime");
+    let xdg = runtime.path().to_str().unwrap();
+    let expected = runtime.path().join("toolboxd.sock");
+    let mut daemon = common::Starting::spawn(
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ],
+        &[("XDG_RUNTIME_DIR", xdg)],
+        &expected,
+    )
+    .ready();
+    let listening = daemon.log_lines_with("control socket listening");
+    assert_eq!(listening.len(), 1, "{listening:?}");
+    assert_eq!(listening[0]["path"], expected.to_str().unwrap());
+    let meta = std::fs::metadata(&expected).expect("the socket exists");
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type()),
+        "{meta:?}"
+    );
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    // `ctl` without --control finds it the same way.
+    let ctl = |runtime_dir: &str| {
+        common::output_within(
+            std::process::Command::new(BIN)
+                .args(["ctl", "status", "--json"])
+                .env("XDG_RUNTIME_DIR", runtime_dir),
+            common::ANSWER_DEADLINE,
+        )
+    };
+    let out = ctl(xdg);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["id"], "math", "{rows}");
+    assert_eq!(rows[0]["state"], "ready", "{rows}");
+    // Another runtime directory: another socket, where no daemon is.
+    let elsewhere = TempDir::new("xdg-elsewhere");
+    let out = ctl(elsewhere.path().to_str().unwrap());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(daemon.stop().success());
+    assert!(!expected.exists(), "the socket is removed on exit");
+}
+
+#[tokio::test]
+async fn calls_err_counts_timeouts_and_crashes() {
+    let dir = TempDir::new("calls-err");
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\n\
+             [restart]\nbackoff_initial_ms = 50\n\
+             [limits]\ncall_timeout_s = 10\n[limits.tool_timeouts]\nhang = 1\n",
+            common::repo("tests/fixtures/faulty_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("faulty", "ok", json!({})).await["result"],
+        json!({"ok": true})
+    );
+    let timed_out = bus.call("faulty", "hang", json!({})).await;
+    assert_eq!(
+        timed_out["error"],
+        "TimeoutError: tool 'hang' in toolbox 'faulty' did not answer within 1 s",
+        "{timed_out}"
+    );
+    let crashed = bus.call("faulty", "crash", json!({"code": 3})).await;
+    assert_eq!(
+        crashed["error"], "RuntimeError: toolbox 'faulty' exited (code 3) while running 'crash'",
+        "{crashed}"
+    );
+    let row = daemon.wait_for_state("faulty", "ready", Duration::from_secs(10));
+    assert_eq!(
+        (&row["calls_ok"], &row["calls_err"], &row["in_flight"]),
+        (&json!(1), &json!(2), &json!(0)),
+        "{row}"
+    );
+}
+
+#[tokio::test]
+async fn reload_disables_replaces_and_removes_toolboxes_and_their_processes_end() {
+    let dir = TempDir::new("reload-procs");
+    dir.write("off.toml", &text_manifest("off"));
+    dir.write("grow.toml", &fixture_manifest("grow", ""));
+    dir.write("gone.toml", &math_manifest("gone"));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let off_pid = pid_of(&daemon, "off");
+    let grow_pid = pid_of(&daemon, "grow");
+    let gone_pid = pid_of(&daemon, "gone");
+    assert_eq!(
+        bus.call("off", "shout", json!({"text": "on"})).await["result"]["text"],
+        "ON"
+    );
+
+    dir.write(
+        "off.toml",
+        &format!("{}enabled = false\n", text_manifest("off")),
+    );
+    dir.write("grow.toml", &fixture_manifest("grow", "instances = 2"));
+    std::fs::remove_file(dir.path().join("gone.toml")).unwrap();
+    let (code, out, err) = daemon.ctl(&["reload"]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    // enabled = false: stopped, not hosted, and its process is gone.
+    let row = daemon.status("off");
+    assert_eq!(row["state"], "stopped", "{row}");
+    assert!(row["pids"].as_array().unwrap().is_empty(), "{row}");
+    let m = common::mark();
+    bus.send(
+        "ovos.persona.tools.call",
+        json!({"toolbox_id": "off", "name": "shout", "kwargs": {"text": "x"}}),
+        json!({"mark": m}),
+    )
+    .await;
+    bus.assert_silence(&[&m]).await;
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "shout", "args": {"text": "x"}}),
+        )
+        .await;
+    assert_eq!(r["data"]["error"], "Unknown tool: 'shout'", "{r}");
+    common::wait_until(
+        "the disabled toolbox's process ends",
+        Duration::from_secs(10),
+        || !group_alive(off_pid),
+    );
+
+    // instances 1 -> 2: stopped and started again, with two new children.
+    let row = daemon.wait_for_state("grow", "ready", Duration::from_secs(10));
+    assert_eq!(row["instances"], 2, "{row}");
+    let pids = pids_of(&daemon, "grow");
+    assert_eq!(pids.len(), 2, "{row}");
+    assert!(!pids.contains(&grow_pid), "{pids:?} still has {grow_pid}");
+    common::wait_until(
+        "the replaced toolbox's old process ends",
+        Duration::from_secs(10),
+        || !group_alive(grow_pid),
+    );
+    for pid in &pids {
+        assert!(group_alive(*pid), "new child {pid} is not running");
+    }
+    assert_eq!(
+        bus.call("grow", "add", json!({"a": 1, "b": 2})).await["result"]["result"],
+        3
+    );
+
+    // Removed: gone from status and the catalog, and its process ends.
+    let (_, rows, _) = daemon.ctl(&["status", "--json"]);
+    assert!(!rows.contains("\"gone\""), "{rows}");
+    let r = bus
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "sqrt", "args": {"number": 4}}),
+        )
+        .await;
+    assert_eq!(r["data"]["error"], "Unknown tool: 'sqrt'", "{r}");
+    common::wait_until(
+        "the removed toolbox's process ends",
+        Duration::from_secs(10),
+        || !group_alive(gone_pid),
+    );
+}
+
+#[tokio::test]
+async fn every_log_line_about_a_toolbox_carries_toolbox_and_its_pid() {
+    let dir = TempDir::new("log-fields");
+    let flag = dir.write("refuse", "");
+    dir.write(
+        "tbx.toml",
+        &fixture_manifest("tbx", "[restart]\nbackoff_initial_ms = 50\n"),
+    );
+    // A toolbox whose only start fails (its stderr says why).
+    dir.write(
+        "broken.toml",
+        &fixture_manifest(
+            "broken",
+            &format!(
+                "env = {{ FAIL_IF_EXISTS = \"{}\" }}\n[restart]\nmax_restarts = 0\n",
+                flag.display()
+            ),
+        ),
+    );
+    let mut daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(daemon.status("broken")["state"], "failed");
+    let first = pid_of(&daemon, "tbx");
+    let said = bus
+        .call(
+            "tbx",
+            "log_stderr",
+            json!({"text": "words of the first child"}),
+        )
+        .await;
+    assert!(said["result"]["pid"].is_u64(), "{said}");
+    // A crash (the whole group killed), and the restart.
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(first as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    common::wait_until("tbx restarted", Duration::from_secs(10), || {
+        let row = daemon.status("tbx");
+        row["state"] == "ready" && row["pids"][0].as_u64().is_some_and(|p| p != first)
+    });
+    let second = pid_of(&daemon, "tbx");
+    bus.call(
+        "tbx",
+        "log_stderr",
+        json!({"text": "words of the second child"}),
+    )
+    .await;
+    // An operator's restart, then the daemon's stop.
+    let (code, out, err) = daemon.ctl(&["restart", "tbx"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let third = pid_of(&daemon, "tbx");
+    daemon.wait_for_log("child stopped", 1, Duration::from_secs(10));
+    assert!(daemon.stop().success());
+
+    let lines: Vec<Value> = daemon
+        .logs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    // The daemon's own lines; every other one is about a toolbox.
+    let daemon_wide = [
+        "embedded bus listening",
+        "control socket listening",
+        "connected to the bus",
+        "taking calls; waiting for the toolboxes to finish starting",
+        "ready",
+        "shutting down: draining calls and stopping toolboxes",
+        "stopped",
+    ];
+    let mut spawned: HashMap<String, Vec<u64>> = HashMap::new();
+    for line in &lines {
+        let message = line["message"].as_str().unwrap_or_default();
+        if daemon_wide.contains(&message) {
+            continue;
+        }
+        let toolbox = line["toolbox"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no toolbox field: {line}"));
+        assert!(["tbx", "broken"].contains(&toolbox), "{line}");
+        if message == "child spawned" {
+            spawned
+                .entry(toolbox.to_owned())
+                .or_default()
+                .push(line["pid"].as_u64().unwrap_or_else(|| panic!("{line}")));
+        }
+    }
+    assert_eq!(spawned["tbx"], [first, second, third], "{spawned:?}");
+    // (A child that dies during the era probe is started once more, as legacy.)
+    assert!(!spawned["broken"].is_empty(), "{spawned:?}");
+    // Lines about one child carry its pid.
+    let about_a_child = |line: &Value| {
+        let message = line["message"].as_str().unwrap_or_default();
+        line["target"] == "toolboxd::stderr"
+            || [
+                "child spawned",
+                "toolbox ready",
+                "child exited",
+                "child stopped",
+            ]
+            .iter()
+            .any(|m| message.starts_with(m))
+    };
+    let with_pid = |toolbox: &str, text: &str| -> Vec<u64> {
+        lines
+            .iter()
+            .filter(|l| l["toolbox"] == toolbox)
+            .filter(|l| l["message"].as_str().is_some_and(|m| m.starts_with(text)))
+            .map(|l| l["pid"].as_u64().unwrap_or_else(|| panic!("no pid: {l}")))
+            .collect()
+    };
+    for line in lines.iter().filter(|l| about_a_child(l)) {
+        let pid = line["pid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no pid: {line}"));
+        let toolbox = line["toolbox"].as_str().unwrap();
+        assert!(
+            spawned[toolbox].contains(&pid),
+            "not one of its children: {line}"
+        );
+    }
+    assert_eq!(with_pid("tbx", "words of the first child"), [first]);
+    assert_eq!(with_pid("tbx", "words of the second child"), [second]);
+    assert_eq!(with_pid("tbx", "child exited (signal 9)"), [first]);
+    let mut stopped = with_pid("tbx", "child stopped");
+    stopped.sort();
+    let mut expected = vec![second, third];
+    expected.sort();
+    assert_eq!(stopped, expected);
+    assert_eq!(with_pid("tbx", "toolbox ready"), [first, second, third]);
+    assert_eq!(
+        with_pid("broken", "refusing to start: FAIL_IF_EXISTS exists"),
+        spawned["broken"]
+    );
+    // The toolbox-wide lines of the crash and the failure name the toolbox.
+    let named = |toolbox: &str, text: &str| {
+        lines.iter().any(|l| {
+            l["toolbox"] == toolbox && l["message"].as_str().is_some_and(|m| m.contains(text))
+        })
+    };
+    assert!(named("tbx", "restarting after the child exited (signal 9)"));
+    assert!(named("broken", "failed: "));
+}
+
+#[test]
+fn the_unknown_mcp_version_warning_carries_toolbox_and_pid() {
+    let dir = TempDir::new("odd-version");
+    dir.write(
+        "odd.toml",
+        &fixture_manifest(
+            "odd",
+            "protocol = \"2025-06-18\"\nenv = { INITIALIZE_VERSION = \"2099-01-01\" }",
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let row = daemon.status("odd");
+    assert_eq!(row["era"], "legacy MCP 2099-01-01", "{row}");
+    let lines = daemon.log_lines_with("unknown to toolboxd");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["toolbox"], "odd", "{}", lines[0]);
+    assert_eq!(lines[0]["pid"], row["pids"][0], "{}", lines[0]);
 }

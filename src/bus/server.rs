@@ -123,7 +123,7 @@ async fn client(
         .insert(id, tx);
     tracing::debug!(%peer, id, "bus client connected");
     // Re-armed after every read, so no client waits on a delayed ACK from us
-    // (DESIGN §5: the embedded bus stalls no client, Nagle or not).
+    // (the embedded bus stalls no client, Nagle or not).
     let fd = std::os::fd::AsRawFd::as_raw_fd(ws.get_ref());
     let (mut sink, mut source) = ws.split();
 

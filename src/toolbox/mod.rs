@@ -54,7 +54,7 @@ pub enum CallError {
     /// The toolbox is stopped: no child will take the call.
     Stopped,
 }
-/// A toolbox's lifecycle state (DESIGN §3).
+/// A toolbox's lifecycle state (docs/operations.md, "What to do in each state").
 #[derive(Debug, Clone, PartialEq)]
 pub enum State {
     /// Spawned; handshake and tool list under way.

@@ -687,3 +687,123 @@ pub fn refusing_port() -> (std::os::fd::OwnedFd, u16) {
         (owned, u16::from_be(addr.sin_port))
     }
 }
+
+/// A `toolboxd --log-format json run ARGS` started without waiting for it and
+/// without an added `--control` (the caller says where its control socket
+/// will be). Every stderr line is kept in `logs` and also handed out, with
+/// when it arrived, by `next_line`. SIGKILLed and reaped on drop unless it
+/// became a [`Daemon`].
+pub struct Starting {
+    child: Option<Child>,
+    control: PathBuf,
+    pub logs: Arc<Mutex<Vec<String>>>,
+    lines: std::sync::mpsc::Receiver<(Instant, String)>,
+}
+
+impl Starting {
+    pub fn spawn(args: &[&str], env: &[(&str, &str)], control: &Path) -> Starting {
+        let mut child = Command::new(BIN)
+            .args(["--log-format", "json", "run"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn toolboxd");
+        let stderr = child.stderr.take().unwrap();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let (tx, lines) = std::sync::mpsc::channel();
+        let sink = logs.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let at = Instant::now();
+                if std::env::var_os("TOOLBOXD_TEST_LOGS").is_some() {
+                    eprintln!("{line}");
+                }
+                sink.lock().unwrap().push(line.clone());
+                let _ = tx.send((at, line));
+            }
+        });
+        Starting {
+            child: Some(child),
+            control: control.to_owned(),
+            logs,
+            lines,
+        }
+    }
+
+    /// The next JSON log line and when it arrived; None after `within` or
+    /// once stderr has closed.
+    pub fn next_line(&self, within: Duration) -> Option<(Instant, Value)> {
+        let end = Instant::now() + within;
+        loop {
+            let left = end.checked_duration_since(Instant::now())?;
+            let (at, line) = self.lines.recv_timeout(left).ok()?;
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                return Some((at, v));
+            }
+        }
+    }
+
+    /// The next JSON log line whose `message` contains `text`; fails the test
+    /// after `within`.
+    pub fn expect_line(&self, text: &str, within: Duration) -> (Instant, Value) {
+        let end = Instant::now() + within;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            let Some((at, v)) = self.next_line(left) else {
+                panic!(
+                    "no {text:?} in the log within {within:?}:\n{}",
+                    self.logs.lock().unwrap().join("\n")
+                );
+            };
+            if v["message"].as_str().is_some_and(|m| m.contains(text)) {
+                return (at, v);
+            }
+        }
+    }
+
+    /// Waits for the "ready" line (30 s at most): the running daemon.
+    pub fn ready(mut self) -> Daemon {
+        let end = Instant::now() + Duration::from_secs(30);
+        // "toolbox ready" lines come first; the daemon's own line is "ready".
+        let line = loop {
+            let (_, v) = self.expect_line("ready", end.saturating_duration_since(Instant::now()));
+            if v["message"] == "ready" {
+                break v;
+            }
+        };
+        let url = line["bus"]
+            .as_str()
+            .expect("ready line names the bus")
+            .to_owned();
+        let Starting {
+            child,
+            control,
+            logs,
+            lines,
+        } = &mut self;
+        // Keep draining stderr in the background.
+        let (_, dead) = std::sync::mpsc::channel();
+        let lines = std::mem::replace(lines, dead);
+        std::thread::spawn(move || while lines.recv().is_ok() {});
+        Daemon {
+            child: child.take().unwrap(),
+            url,
+            control: control.clone(),
+            _control_dir: TempDir::new("ctl-unused"),
+            logs: logs.clone(),
+        }
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
