@@ -22,6 +22,8 @@ static CGROUPS: OnceLock<Option<Cgroups>> = OnceLock::new();
 pub struct Cgroups {
     /// `<cgroup2 mount>/<our cgroup>/toolboxd-<pid>`.
     root: PathBuf,
+    /// The same, as a path inside the hierarchy (as /proc/PID/cgroup shows it).
+    relative: String,
     /// Names each child's cgroup uniquely.
     next: AtomicU64,
 }
@@ -58,9 +60,12 @@ impl Cgroups {
         let own = std::fs::read_to_string("/proc/self/cgroup")
             .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
         let own = own_cgroup2_path(&own).ok_or("this process has no cgroup2 path")?;
-        let root = mount
-            .join(own.trim_start_matches('/'))
-            .join(format!("toolboxd-{}", std::process::id()));
+        let relative = format!(
+            "{}/toolboxd-{}",
+            own.trim_end_matches('/'),
+            std::process::id()
+        );
+        let root = mount.join(relative.trim_start_matches('/'));
         std::fs::create_dir(&root).map_err(|e| format!("cannot create {}: {e}", root.display()))?;
         if !root.join("cgroup.kill").exists() {
             let _ = std::fs::remove_dir(&root);
@@ -68,8 +73,30 @@ impl Cgroups {
         }
         Ok(Cgroups {
             root,
+            relative,
             next: AtomicU64::new(0),
         })
+    }
+
+    /// The daemon's cgroups if they were created already (never creates them).
+    pub fn get_if_created() -> Option<&'static Cgroups> {
+        CGROUPS.get()?.as_ref()
+    }
+
+    /// Whether process `pid` runs in one of this daemon's toolbox cgroups.
+    pub fn holds(&self, pid: i32) -> bool {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+            return false;
+        };
+        let Some(path) = own_cgroup2_path(&text) else {
+            return false;
+        };
+        // The root's path inside the hierarchy, e.g. "/toolboxd-123".
+        let rel = self.relative.as_str();
+        path == rel
+            || path
+                .strip_prefix(rel)
+                .is_some_and(|rest| rest.starts_with('/'))
     }
 
     /// The directory holding every toolbox cgroup of this daemon.

@@ -39,6 +39,10 @@ pub struct Request {
 pub enum ControlError {
     #[error("another toolboxd is running on the control socket {0}; stop it first, or give this one another --control PATH")]
     InUse(PathBuf),
+    #[error("{0} exists and is not a socket; toolboxd removes only a stale socket there: remove it yourself, or give another --control PATH")]
+    NotASocket(PathBuf),
+    #[error("no place for the control socket: XDG_RUNTIME_DIR is unset and this is not root; set XDG_RUNTIME_DIR or give --control PATH (in a directory only you can write)")]
+    NoDefault,
     #[error("cannot create the control socket {path}: {source}")]
     Bind {
         path: PathBuf,
@@ -53,25 +57,38 @@ pub enum ControlError {
     Protocol { path: PathBuf, why: String },
 }
 
+/// The runtime directory root uses when `XDG_RUNTIME_DIR` is unset.
+const ROOT_RUNTIME_DIR: &str = "/run/toolboxd";
+
 /// Where the control socket lives unless `--control` says otherwise:
-/// `$XDG_RUNTIME_DIR/toolboxd.sock`, else `/run/toolboxd.sock` for root, else
-/// `/tmp/toolboxd-<uid>.sock`.
-pub fn default_path() -> PathBuf {
+/// `$XDG_RUNTIME_DIR/toolboxd.sock`, else `/run/toolboxd/toolboxd.sock` for
+/// root. Never a predictable name in a shared directory such as /tmp, which
+/// another user could take first: without either, `--control` is required.
+pub fn default_path() -> Result<PathBuf, ControlError> {
     if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        return Path::new(&dir).join("toolboxd.sock");
+        return Ok(Path::new(&dir).join("toolboxd.sock"));
     }
-    let uid = nix::unistd::getuid();
-    if uid.is_root() {
-        PathBuf::from("/run/toolboxd.sock")
-    } else {
-        PathBuf::from(format!("/tmp/toolboxd-{uid}.sock"))
+    if nix::unistd::getuid().is_root() {
+        return Ok(Path::new(ROOT_RUNTIME_DIR).join("toolboxd.sock"));
     }
+    Err(ControlError::NoDefault)
 }
 
 /// Creates the socket with mode 0600. A live daemon on the path is an error; a
-/// socket file left by a dead one is replaced.
+/// socket left by a dead one is replaced, but nothing else is ever removed (a
+/// regular file or a symlink there is an error). Root's default directory is
+/// created private (0700).
 pub async fn bind(path: &Path) -> Result<UnixListener, ControlError> {
-    if path.exists() {
+    use std::os::unix::fs::{DirBuilderExt, FileTypeExt};
+    if path.parent() == Some(Path::new(ROOT_RUNTIME_DIR)) {
+        let _ = std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(ROOT_RUNTIME_DIR);
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(ControlError::NotASocket(path.to_owned()));
+        }
         match UnixStream::connect(path).await {
             Ok(_) => return Err(ControlError::InUse(path.to_owned())),
             Err(_) => {
@@ -105,6 +122,10 @@ pub async fn serve(
         };
         match accepted {
             Ok((stream, _)) => {
+                if let Err(why) = peer_allowed(&stream) {
+                    tracing::warn!("control socket: refused a connection: {why}");
+                    continue;
+                }
                 tokio::spawn(connection(stream, requests.clone()));
             }
             Err(e) => {
@@ -114,6 +135,31 @@ pub async fn serve(
         }
     }
     let _ = std::fs::remove_file(&path);
+}
+
+/// Admits a peer of the daemon's own user (or root) that runs outside every
+/// toolbox: the socket's mode already keeps other users out, and a toolbox
+/// (which may run as the daemon's user) must not operate the daemon.
+fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
+    let cred = stream
+        .peer_cred()
+        .map_err(|e| format!("cannot read the peer's credentials: {e}"))?;
+    let ours = nix::unistd::getuid().as_raw();
+    if cred.uid() != ours && cred.uid() != 0 {
+        return Err(format!(
+            "uid {} is neither the daemon's ({ours}) nor root",
+            cred.uid()
+        ));
+    }
+    let Some(pid) = cred.pid() else {
+        return Ok(());
+    };
+    if let Some(cgroups) = crate::cgroup::Cgroups::get_if_created() {
+        if cgroups.holds(pid) {
+            return Err(format!("pid {pid} runs inside a toolbox"));
+        }
+    }
+    Ok(())
 }
 
 /// Longest request line accepted.

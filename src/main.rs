@@ -199,7 +199,10 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             host_only,
             peer_probe_ms,
         } => {
-            let control = control.unwrap_or_else(toolboxd::control::default_path);
+            let control = match control {
+                Some(path) => path,
+                None => toolboxd::control::default_path()?,
+            };
             let bus = match (bus, embedded_bus) {
                 (Some(url), _) => BusMode::Connect(url),
                 (None, Some(addr)) => BusMode::Embedded(addr),
@@ -216,7 +219,10 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Ctl { control, action } => {
-            let path = control.unwrap_or_else(toolboxd::control::default_path);
+            let path = match control {
+                Some(path) => path,
+                None => toolboxd::control::default_path()?,
+            };
             let (method, params) = match &action {
                 CtlAction::Status { .. } => ("status", Value::Null),
                 CtlAction::Restart { id } => ("restart", serde_json::json!({"id": id})),
@@ -227,10 +233,10 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let result = toolboxd::control::request(&path, method, params).await?;
             match (&action, &result) {
                 (CtlAction::Status { json: false }, rows) => {
-                    print!("{}", toolboxd::control::status_table(rows))
+                    emit(&toolboxd::control::status_table(rows))?
                 }
-                (_, Value::String(text)) => println!("{text}"),
-                (_, other) => println!("{}", serde_json::to_string_pretty(other)?),
+                (_, Value::String(text)) => emit(&format!("{text}\n"))?,
+                (_, other) => emit(&format!("{}\n", serde_json::to_string_pretty(other)?))?,
             }
             let reload_failed = matches!(action, CtlAction::Reload)
                 && result["errors"].as_array().is_some_and(|e| !e.is_empty());
@@ -295,9 +301,12 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 NewLang::Shell => toolboxd::scaffold::Lang::Shell,
             };
             for path in toolboxd::scaffold::new_toolbox(&name, lang, &dir)? {
-                println!("wrote {}", path.display());
+                emit(&format!("wrote {}\n", path.display()))?;
             }
-            println!("next: toolboxd check --probe --manifests {}", dir.display());
+            emit(&format!(
+                "next: toolboxd check --probe --manifests {}\n",
+                dir.display()
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Bus { listen } => {
@@ -326,10 +335,24 @@ async fn wait_for_stop_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Writes `text` to stdout. A reader that went away (`| head -c1`) ends the
+/// program quietly, as SIGPIPE would (exit status 141), instead of a panic.
+fn emit(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(141),
+        other => other,
+    }
+}
+
 /// Prints an answer's data as JSON; exit 1 when it is an error answer.
 fn print_answer(data: Object) -> anyhow::Result<ExitCode> {
     let failed = data.contains_key("error");
-    println!("{}", serde_json::to_string_pretty(&Value::Object(data))?);
+    emit(&format!(
+        "{}\n",
+        serde_json::to_string_pretty(&Value::Object(data))?
+    ))?;
     Ok(if failed {
         ExitCode::FAILURE
     } else {

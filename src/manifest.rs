@@ -185,13 +185,67 @@ impl fmt::Display for ManifestError {
     }
 }
 
+/// The largest manifest read: a real one is a few hundred bytes.
+pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
+
+/// Reads a manifest file without ever blocking on, or reading without end
+/// from, something that is not a regular file (a FIFO, a device, a directory).
+fn read_manifest(path: &Path) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot read the manifest: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read the manifest: {e}"))?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        let what = if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(format!(
+            "is {what}, not a manifest; a manifest must be a regular file: move it out of \
+             the manifests directory or rename it"
+        ));
+    }
+    let too_big = || {
+        format!(
+            "is larger than {MAX_MANIFEST_BYTES} bytes, which no manifest needs; is it the \
+             right file?"
+        )
+    };
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(too_big());
+    }
+    let mut text = String::new();
+    file.take(MAX_MANIFEST_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read the manifest: {e}"))?;
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(too_big());
+    }
+    Ok(text)
+}
+
 impl Manifest {
-    /// Reads and validates one manifest file.
+    /// Reads and validates one manifest file: a regular file (a symlink to
+    /// one is fine) of at most [`MAX_MANIFEST_BYTES`].
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ManifestError {
+        let text = read_manifest(path).map_err(|message| ManifestError {
             path: path.to_owned(),
             line: None,
-            message: format!("cannot read the manifest: {e}"),
+            message,
         })?;
         Manifest::parse(path, &text)
     }
@@ -318,18 +372,44 @@ pub fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// Every numeric knob with its allowed range (docs/manifest.md): a value past
+/// it is an error at `check`, so no arithmetic on a knob can overflow later.
+pub const KNOB_RANGES: [(&str, u64, u64); 12] = [
+    ("call_timeout_s", 1, 86_400),
+    ("max_concurrent_calls", 1, 1024),
+    ("probe_interval_s", 1, 3_600),
+    ("probe_timeout_s", 1, 600),
+    ("drain_timeout_s", 0, 3_600),
+    ("max_message_bytes", 1024, 256 * 1024 * 1024),
+    ("backoff_initial_ms", 1, 3_600_000),
+    ("backoff_max_ms", 1, 3_600_000),
+    ("max_restarts", 0, 10_000),
+    ("window_s", 1, 86_400),
+    ("stable_after_s", 0, 86_400),
+    ("failed_retry_s", 0, 604_800),
+];
+
 fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, String)> {
-    let positive = [
-        ("call_timeout_s", limits.call_timeout_s as u128),
-        ("max_concurrent_calls", limits.max_concurrent_calls as u128),
-        ("probe_interval_s", limits.probe_interval_s as u128),
-        ("probe_timeout_s", limits.probe_timeout_s as u128),
-        ("backoff_initial_ms", restart.backoff_initial_ms as u128),
-        ("window_s", restart.window_s as u128),
+    let values: [u64; 12] = [
+        limits.call_timeout_s,
+        limits.max_concurrent_calls as u64,
+        limits.probe_interval_s,
+        limits.probe_timeout_s,
+        limits.drain_timeout_s,
+        limits.max_message_bytes as u64,
+        restart.backoff_initial_ms,
+        restart.backoff_max_ms,
+        u64::from(restart.max_restarts),
+        restart.window_s,
+        restart.stable_after_s,
+        restart.failed_retry_s,
     ];
-    for (key, value) in positive {
-        if value == 0 {
-            return Err((key, format!("{key} must be at least 1")));
+    for (&(key, min, max), value) in KNOB_RANGES.iter().zip(values) {
+        if !(min..=max).contains(&value) {
+            return Err((
+                key,
+                format!("{key} = {value} must be between {min} and {max}"),
+            ));
         }
     }
     if restart.backoff_max_ms < restart.backoff_initial_ms {
@@ -352,12 +432,6 @@ fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, 
                 ),
             ));
         }
-    }
-    if limits.max_message_bytes < 1024 {
-        return Err((
-            "max_message_bytes",
-            "max_message_bytes must be at least 1024".to_owned(),
-        ));
     }
     Ok(())
 }
@@ -451,7 +525,9 @@ pub fn load_dirs(dirs: &[PathBuf]) -> ManifestSet {
         };
         let mut paths: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|ext| ext == "toml") && p.is_file())
+            // Anything named *.toml is read (and reported if it is not a
+            // regular file); nothing is skipped silently.
+            .filter(|p| p.extension().is_some_and(|ext| ext == "toml"))
             .collect();
         paths.sort();
         for path in paths {
@@ -530,6 +606,87 @@ mod tests {
         assert!(e.message.contains("not found in PATH"), "{e}");
         let e = parse("id = \"a\"\ncommand = \"./nope.sh\"\n").unwrap_err();
         assert!(e.message.contains("does not exist"), "{e}");
+    }
+
+    #[test]
+    fn every_knob_is_bounded_on_both_sides() {
+        for (key, min, max) in KNOB_RANGES {
+            let table = if [
+                "call_timeout_s",
+                "max_concurrent_calls",
+                "probe_interval_s",
+                "probe_timeout_s",
+                "drain_timeout_s",
+                "max_message_bytes",
+            ]
+            .contains(&key)
+            {
+                "limits"
+            } else {
+                "restart"
+            };
+            // backoff_max_ms may not be below backoff_initial_ms: keep them apart.
+            let extra = if key == "backoff_initial_ms" {
+                "backoff_max_ms = 3600000\n"
+            } else {
+                ""
+            };
+            let text =
+                |v: u64| format!("id = \"a\"\ncommand = \"sh\"\n[{table}]\n{extra}{key} = {v}\n");
+            let line = if extra.is_empty() { 4 } else { 5 };
+            parse(&text(max)).unwrap_or_else(|e| panic!("{key} = {max}: {e}"));
+            if key != "backoff_max_ms" {
+                parse(&text(min)).unwrap_or_else(|e| panic!("{key} = {min}: {e}"));
+            }
+            let e = parse(&text(max + 1)).unwrap_err();
+            assert_eq!(e.line, Some(line), "{key}: {e}");
+            assert_eq!(
+                e.message,
+                format!("{key} = {} must be between {min} and {max}", max + 1),
+                "{key}"
+            );
+            // The largest TOML integer: refused at its line (by range, or by
+            // type for the narrower knobs), never accepted.
+            let e = parse(&text(i64::MAX as u64)).unwrap_err();
+            assert_eq!(e.line, Some(line), "{key}: {e}");
+            if min > 0 {
+                let e = parse(&text(min - 1)).unwrap_err();
+                assert!(e.message.contains(key), "{key}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn non_regular_and_huge_manifests_are_reported_not_read() {
+        let dir =
+            std::env::temp_dir().join(format!("toolboxd-manifest-kinds-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("dir.toml")).unwrap();
+        nix::unistd::mkfifo(&dir.join("fifo.toml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.join("zero.toml")).unwrap();
+        std::fs::write(
+            dir.join("huge.toml"),
+            vec![b'#'; MAX_MANIFEST_BYTES as usize + 1],
+        )
+        .unwrap();
+        std::fs::write(dir.join("good.toml"), "id = \"good\"\ncommand = \"sh\"\n").unwrap();
+        let set = load_dirs(std::slice::from_ref(&dir));
+        assert_eq!(set.manifests.len(), 1);
+        let reported: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
+        for (file, what) in [
+            ("dir.toml", "is a directory"),
+            ("fifo.toml", "is a FIFO"),
+            ("zero.toml", "is a device"),
+            ("huge.toml", "is larger than 1048576 bytes"),
+        ] {
+            assert!(
+                reported
+                    .iter()
+                    .any(|r| r.contains(file) && r.contains(what)),
+                "{file}: {reported:?}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

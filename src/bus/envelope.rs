@@ -35,6 +35,8 @@ pub enum DecodeError {
     BadType,
     #[error("frame's \"{0}\" is not an object")]
     NotAnObject(&'static str),
+    #[error("frame has \"{0}\" twice, which would let a reader and a router disagree")]
+    Duplicate(&'static str),
 }
 
 impl Message {
@@ -49,9 +51,44 @@ impl Message {
 
     /// Decodes one websocket text frame.
     pub fn decode(text: &str) -> Result<Message, DecodeError> {
-        let value: Value =
-            serde_json::from_str(text).map_err(|e| DecodeError::NotJson(e.to_string()))?;
-        Message::from_value(value)
+        // A struct deserializer refuses a key given twice ("duplicate field"),
+        // which a map (last one wins) would let through.
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            #[serde(rename = "type")]
+            msg_type: Option<Value>,
+            data: Option<Value>,
+            context: Option<Value>,
+        }
+        let envelope = match serde_json::from_str::<Envelope>(text) {
+            Ok(envelope) if text.trim_start().starts_with('{') => envelope,
+            // Only on the error path: say exactly what is wrong.
+            Ok(_) => return Err(DecodeError::NotObject),
+            Err(e) => {
+                let value: Value =
+                    serde_json::from_str(text).map_err(|e| DecodeError::NotJson(e.to_string()))?;
+                if !value.is_object() {
+                    return Err(DecodeError::NotObject);
+                }
+                let message = e.to_string();
+                for key in ["type", "data", "context"] {
+                    if message.starts_with(&format!("duplicate field `{key}`")) {
+                        return Err(DecodeError::Duplicate(key));
+                    }
+                }
+                return Message::from_value(value);
+            }
+        };
+        let msg_type = match envelope.msg_type {
+            None => return Err(DecodeError::MissingType),
+            Some(Value::String(s)) if !s.is_empty() => s,
+            Some(_) => return Err(DecodeError::BadType),
+        };
+        Ok(Message {
+            msg_type,
+            data: object_or_empty(envelope.data, "data")?,
+            context: object_or_empty(envelope.context, "context")?,
+        })
     }
 
     /// Checks an already parsed JSON value against the envelope rules.
@@ -150,7 +187,12 @@ impl Message {
 }
 
 fn take_object(obj: &mut Object, key: &'static str) -> Result<Object, DecodeError> {
-    match obj.remove(key) {
+    object_or_empty(obj.remove(key), key)
+}
+
+/// An envelope member: absent or null is `{}`; anything but an object is an error.
+fn object_or_empty(value: Option<Value>, key: &'static str) -> Result<Object, DecodeError> {
+    match value {
         None | Some(Value::Null) => Ok(Object::new()),
         Some(Value::Object(map)) => Ok(map),
         Some(_) => Err(DecodeError::NotAnObject(key)),
@@ -183,6 +225,25 @@ mod tests {
         assert!(m.data.is_empty() && m.context.is_empty());
         let m = Message::decode(r#"{"type":"a","data":null,"context":null}"#).unwrap();
         assert!(m.data.is_empty() && m.context.is_empty());
+    }
+
+    #[test]
+    fn a_key_given_twice_is_refused() {
+        assert_eq!(
+            Message::decode(r#"{"type":"ovos.tools.list","data":{},"type":"x.y"}"#),
+            Err(DecodeError::Duplicate("type"))
+        );
+        assert_eq!(
+            Message::decode(r#"{"type":"a","data":{},"data":{"n":1}}"#),
+            Err(DecodeError::Duplicate("data"))
+        );
+        assert_eq!(
+            Message::decode(r#"{"type":"a","context":{},"context":{}}"#),
+            Err(DecodeError::Duplicate("context"))
+        );
+        // Other keys are free, and kept out of the message.
+        let m = Message::decode(r#"{"type":"a","x":1,"x":2}"#).unwrap();
+        assert_eq!(m.msg_type, "a");
     }
 
     #[test]

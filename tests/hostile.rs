@@ -1,0 +1,175 @@
+//! Hostile input (docs/failure-modes.md, "Bounds"): a bus client, a toolbox or
+//! a file in the wrong place tries to make the daemon misbehave. Each test
+//! names the abuse it replays and asserts the bound: a clear refusal, nothing
+//! destroyed, the innocent still served.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{math_manifest, repo, Bus, Daemon, TempDir, BIN};
+use serde_json::json;
+
+fn check(dir: &std::path::Path) -> (i32, String) {
+    let out = common::output_within(
+        Command::new(BIN).args(["check", "--manifests", dir.to_str().unwrap()]),
+        common::ANSWER_DEADLINE,
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn knobs_past_their_bound_are_refused_by_check() {
+    // probe_interval_s = 2^63 - 1 once passed check and panicked at run time.
+    let dir = TempDir::new("huge-knob");
+    dir.write(
+        "math.toml",
+        &format!(
+            "{}[limits]\nprobe_interval_s = 9223372036854775807\n",
+            math_manifest("math")
+        ),
+    );
+    let (code, out) = check(dir.path());
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "math.toml:5: probe_interval_s = 9223372036854775807 must be between 1 and 3600"
+        ),
+        "{out}"
+    );
+}
+
+#[test]
+fn manifests_that_are_not_regular_files_are_reported_not_skipped() {
+    let dir = TempDir::new("odd-files");
+    dir.write("math.toml", &math_manifest("math"));
+    std::fs::create_dir(dir.path().join("dir.toml")).unwrap();
+    nix::unistd::mkfifo(&dir.path().join("fifo.toml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.toml")).unwrap();
+    // `check` must neither block on the FIFO nor read /dev/zero for ever.
+    let (code, out) = check(dir.path());
+    assert_eq!(code, 1, "{out}");
+    for (file, what) in [
+        ("dir.toml", "is a directory"),
+        ("fifo.toml", "is a FIFO"),
+        ("zero.toml", "is a device"),
+    ] {
+        assert!(
+            out.lines().any(|l| l.contains(file) && l.contains(what)),
+            "{file}: {out}"
+        );
+    }
+    assert!(out.contains("ok    math"), "{out}");
+}
+
+#[test]
+fn a_control_path_that_is_not_a_socket_is_never_deleted() {
+    let dir = TempDir::new("ctl-file");
+    dir.write("math.toml", &math_manifest("math"));
+    let precious = dir.write("precious.txt", "keep me");
+    let link = dir.path().join("link.sock");
+    std::os::unix::fs::symlink(&precious, &link).unwrap();
+    for path in [&precious, &link] {
+        let out = common::output_within(
+            Command::new(BIN)
+                .args(["run", "--embedded-bus", "127.0.0.1:0", "--manifests"])
+                .arg(dir.path())
+                .arg("--control")
+                .arg(path),
+            common::ANSWER_DEADLINE,
+        );
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("exists and is not a socket"), "{err}");
+    }
+    assert_eq!(std::fs::read_to_string(&precious).unwrap(), "keep me");
+    assert!(std::fs::symlink_metadata(&link).is_ok(), "the link is kept");
+}
+
+#[test]
+fn a_closed_stdout_ends_the_cli_quietly() {
+    let dir = TempDir::new("epipe");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    // `toolboxd list | head -c1`: the reader goes away after one byte.
+    let mut list = Command::new(BIN)
+        .args(["list", "--bus", &daemon.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = list.stdout.take().unwrap();
+    drop(stdout);
+    let out = list.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(141), "{err}");
+}
+
+#[tokio::test]
+async fn a_frame_with_two_types_is_dropped() {
+    // Routing read the first "type", the envelope kept the last: the client
+    // chose the topic the answer went out on.
+    let dir = TempDir::new("dup-type");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    bus.send_raw(
+        r#"{"type": "ovos.tools.invoke", "data": {"name": "add", "args": {"a": 1, "b": 2}}, "context": {"mark": "dup"}, "type": "mycroft.stop"}"#,
+    )
+    .await;
+    bus.assert_silence(&["dup"]).await;
+    let dropped = daemon.log_lines_with("dropped a malformed bus frame");
+    assert!(
+        dropped
+            .iter()
+            .any(|l| l["message"].as_str().unwrap().contains("\"type\" twice")),
+        "{dropped:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_toolbox_cannot_operate_the_daemon_through_its_control_socket() {
+    // The pivot: a toolbox finds the control socket and stops its neighbour.
+    let dir = TempDir::new("pivot");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "evil.toml",
+        &format!(
+            "id = \"evil\"\ncommand = \"python3\"\nargs = [\"{}\"]\n",
+            repo("tests/fixtures/faulty_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let line = json!({"jsonrpc": "2.0", "id": 1, "method": "stop", "params": {"id": "math"}});
+    let r = bus
+        .call(
+            "evil",
+            "control",
+            json!({"path": daemon.control.to_str().unwrap(), "line": line.to_string()}),
+        )
+        .await;
+    let answer = r["result"]["answer"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        !answer.contains("\"result\""),
+        "the toolbox operated the daemon: {answer}"
+    );
+    assert_eq!(daemon.status("math")["state"], "ready");
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+    common::wait_until("the refusal is logged", Duration::from_secs(5), || {
+        !daemon
+            .log_lines_with("control socket: refused a connection")
+            .is_empty()
+    });
+}
