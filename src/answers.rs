@@ -224,4 +224,75 @@ mod tests {
         };
         assert_eq!(text(CallError::Rpc(rpc)), "KeyError: k");
     }
+
+    #[test]
+    fn request_errors_read_as_the_reference_words_them() {
+        assert_eq!(
+            invalid_arguments("add", "math", "/a: bad"),
+            "ValueError: Tool input validation failed for 'add' in ToolBox 'math': /a: bad"
+        );
+        assert_eq!(
+            invalid_output("add", "math", "/sum: bad"),
+            "ValueError: Tool output validation failed for 'add' in ToolBox 'math': /sum: bad"
+        );
+        assert_eq!(
+            unknown_tool_in("mul", "math"),
+            "ValueError: Unknown tool 'mul' for ToolBox 'math'."
+        );
+        assert_eq!(unknown_tool("mul"), "Unknown tool: 'mul'");
+        assert_eq!(
+            failed("math", "spent"),
+            "RuntimeError: toolbox 'math' is failed: spent"
+        );
+        assert_eq!(
+            ambiguous("echo", &["a".into(), "b".into(), "c".into()]),
+            "Ambiguous tool: 'echo' is owned by toolboxes 'a' and 'b' and 'c'; call it with \
+             ovos.persona.tools.call and data.toolbox_id to choose one"
+        );
+    }
+
+    #[test]
+    fn results_keep_only_text_blocks_as_content_and_every_block_as_raw() {
+        let image = json!({"type": "image", "data": "AA==", "mimeType": "image/png"});
+        let r = json!({"content": [{"type": "text", "text": "a"}, image.clone(),
+                                   {"type": "text", "text": "b"}],
+                       "isError": false});
+        assert_eq!(
+            map_call_result(r, false),
+            Ok(json!({"content": "a\nb", "is_error": false,
+                      "raw": [{"type": "text", "text": "a"}, image,
+                              {"type": "text", "text": "b"}]}))
+        );
+        assert_eq!(
+            map_call_result(json!({}), false),
+            Ok(json!({"content": "", "is_error": false, "raw": []}))
+        );
+        assert_eq!(
+            map_call_result(json!({"content": [], "isError": true}), false),
+            Err("ToolError: the tool reported an error without a message".to_owned())
+        );
+        assert_eq!(
+            map_call_result(json!([]), false),
+            Err("ToolError: tools/call result is not an object".to_owned())
+        );
+        assert_eq!(
+            map_call_result(
+                json!({"content": [{"type": "text", "text": "5 apples"}]}),
+                true
+            ),
+            Err(
+                "ToolError: the tool declares an outputSchema but returned no structuredContent"
+                    .to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn class_prefixes_are_identifiers() {
+        assert_eq!(error_text("My_Error: x"), "My_Error: x");
+        assert_eq!(error_text(": x"), "ToolError: : x");
+        assert_eq!(error_text("pkg.lower: x"), "ToolError: pkg.lower: x");
+        assert_eq!(error_text("Bad-Error: x"), "ToolError: Bad-Error: x");
+        assert_eq!(error_text("ValueError:x"), "ToolError: ValueError:x");
+    }
 }

@@ -287,4 +287,218 @@ mod tests {
         assert_eq!(tools[0].as_ref().unwrap().name, "a");
         assert!(tools[1].is_err());
     }
+
+    fn json_line(bytes: &[u8]) -> Value {
+        let (last, body) = bytes.split_last().expect("a line");
+        assert_eq!(*last, b'\n', "newline-terminated");
+        assert!(!body.contains(&b'\n'), "one line");
+        serde_json::from_slice(body).expect("JSON")
+    }
+
+    #[test]
+    fn error_codes_are_the_specified_ones() {
+        let code = |line: &[u8]| match parse_line(line) {
+            Ok(Incoming::Response { result: Err(e), .. }) => e.code,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            code(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"m"}}"#),
+            METHOD_NOT_FOUND
+        );
+        assert_eq!(
+            code(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32004,"message":"v"}}"#),
+            UNSUPPORTED_PROTOCOL_VERSION
+        );
+    }
+
+    #[test]
+    fn parses_every_field_of_a_line() {
+        assert_eq!(
+            parse_line(br#"{"jsonrpc":"2.0","id":3,"error":{"code":-32000,"message":"KeyError: k","data":[1]}}"#),
+            Ok(Incoming::Response {
+                id: Some(3),
+                result: Err(RpcError {
+                    code: -32000,
+                    message: "KeyError: k".into(),
+                    data: Some(json!([1])),
+                }),
+            })
+        );
+        // An error object missing its fields still reads as an error.
+        assert_eq!(
+            parse_line(br#"{"id":4,"error":{}}"#),
+            Ok(Incoming::Response {
+                id: Some(4),
+                result: Err(RpcError {
+                    code: 0,
+                    message: String::new(),
+                    data: None,
+                }),
+            })
+        );
+        // An id toolboxd cannot have sent.
+        assert_eq!(
+            parse_line(br#"{"id":"x","result":null}"#),
+            Ok(Incoming::Response {
+                id: None,
+                result: Ok(Value::Null),
+            })
+        );
+        assert_eq!(
+            parse_line(br#"{"jsonrpc":"2.0","id":"a","method":"roots/list","params":{"p":1}}"#),
+            Ok(Incoming::Request {
+                id: json!("a"),
+                method: "roots/list".into(),
+                params: json!({"p": 1}),
+            })
+        );
+        // A null id makes a notification, not a request.
+        assert_eq!(
+            parse_line(br#"{"jsonrpc":"2.0","id":null,"method":"notifications/x"}"#),
+            Ok(Incoming::Notification {
+                method: "notifications/x".into(),
+                params: Value::Null,
+            })
+        );
+        assert_eq!(
+            parse_line(br#"{"method":7,"id":1}"#),
+            Err(FrameError::NotJsonRpc)
+        );
+    }
+
+    #[test]
+    fn encodes_one_json_rpc_message_per_line() {
+        let params = json!({"name": "add", "arguments": {"a": 1}});
+        assert_eq!(
+            json_line(&request_line(9, "tools/call", &params)),
+            json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": params})
+        );
+        assert_eq!(
+            json_line(&notification_line(
+                "notifications/initialized",
+                &Value::Null
+            )),
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        );
+        assert_eq!(
+            json_line(&notification_line(
+                "notifications/cancelled",
+                &json!({"requestId": 9})
+            )),
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": 9}})
+        );
+        assert_eq!(
+            json_line(&response_line(&json!("a"), Ok(json!({"roots": []})))),
+            json!({"jsonrpc": "2.0", "id": "a", "result": {"roots": []}})
+        );
+        assert_eq!(
+            json_line(&response_line(&json!(5), Err((METHOD_NOT_FOUND, "no")))),
+            json!({"jsonrpc": "2.0", "id": 5,
+                   "error": {"code": -32601, "message": "no"}})
+        );
+        // What toolboxd writes, it reads back.
+        assert_eq!(
+            parse_line(&request_line(1, "ping", &json!({}))),
+            Ok(Incoming::Request {
+                id: json!(1),
+                method: "ping".into(),
+                params: json!({}),
+            })
+        );
+    }
+
+    #[test]
+    fn eras_name_themselves_and_their_version() {
+        let modern = Era::Modern("2026-01-01".into());
+        let legacy = Era::Legacy("2025-06-18".into());
+        assert_eq!(modern.to_string(), "modern MCP 2026-01-01");
+        assert_eq!(legacy.to_string(), "legacy MCP 2025-06-18");
+        assert_eq!(modern.version(), "2026-01-01");
+        assert_eq!(legacy.version(), "2025-06-18");
+    }
+
+    #[test]
+    fn modern_meta_carries_version_capabilities_and_client_info() {
+        let info = json!({"name": "toolboxd", "version": env!("CARGO_PKG_VERSION")});
+        assert_eq!(client_info(), info);
+        assert_eq!(
+            modern_meta("2026-01-01"),
+            json!({
+                "io.modelcontextprotocol/protocolVersion": "2026-01-01",
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": info,
+            })
+        );
+    }
+
+    #[test]
+    fn tools_page_reads_each_field_and_accepts_boolean_schemas() {
+        let page = json!({"tools": [
+            {"name": "a", "description": "A.", "inputSchema": {"type": "object"},
+             "outputSchema": {"type": "object"}},
+            {"name": "b", "inputSchema": true, "outputSchema": false},
+            {"name": "c", "inputSchema": {}, "outputSchema": "no"},
+            {"name": "", "inputSchema": {}},
+            {"name": "d", "inputSchema": "no"},
+            {"name": "e"},
+        ], "nextCursor": ""});
+        let (tools, cursor) = parse_tools_page(&page);
+        assert_eq!(cursor, None, "an empty cursor ends the listing");
+        assert_eq!(
+            tools[0],
+            Ok(ToolSpec {
+                name: "a".into(),
+                description: "A.".into(),
+                input_schema: json!({"type": "object"}),
+                output_schema: Some(json!({"type": "object"})),
+            })
+        );
+        assert_eq!(
+            tools[1],
+            Ok(ToolSpec {
+                name: "b".into(),
+                description: String::new(),
+                input_schema: json!(true),
+                output_schema: Some(json!(false)),
+            })
+        );
+        assert_eq!(tools[2].as_ref().unwrap().output_schema, None);
+        assert!(tools[3].as_ref().unwrap_err().contains("has no name"));
+        assert_eq!(
+            tools[4],
+            Err("tool \"d\" has no inputSchema object".to_owned())
+        );
+        assert!(tools[5].is_err());
+        assert_eq!(tools.len(), 6);
+
+        let (tools, cursor) = parse_tools_page(&json!({"tools": []}));
+        assert!(tools.is_empty() && cursor.is_none());
+        let (tools, cursor) = parse_tools_page(&json!({"nextCursor": "c"}));
+        assert_eq!(
+            tools,
+            [Err("tools/list result has no \"tools\" array".to_owned())]
+        );
+        assert_eq!(cursor, None);
+    }
+
+    #[test]
+    fn generic_output_schema_is_the_adapter_output() {
+        let schema = generic_output_schema();
+        assert_eq!(schema["title"], "AdapterToolOutput");
+        assert_eq!(schema["type"], "object");
+        let properties = schema["properties"].as_object().unwrap();
+        let types: Vec<(&str, &str)> = properties
+            .iter()
+            .map(|(k, v)| (k.as_str(), v["type"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("content", "string"),
+                ("is_error", "boolean"),
+                ("raw", "array")
+            ]
+        );
+    }
 }

@@ -208,3 +208,232 @@ impl Publish for Registry {
         Registry::set(self, id, state, tools);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcp::ToolSpec;
+    use serde_json::{json, Value};
+
+    const STATES: [fn() -> State; 6] = [
+        || State::Starting,
+        || State::Ready,
+        || State::Restarting {
+            last_exit: "code 1".into(),
+        },
+        || State::Failed {
+            reason: "spent".into(),
+        },
+        || State::Stopped,
+        || State::Conflict {
+            reason: "twin".into(),
+        },
+    ];
+
+    fn tools(toolbox: &str, names: &[&str]) -> Arc<ToolSet> {
+        let specs = names
+            .iter()
+            .map(|name| ToolSpec {
+                name: (*name).into(),
+                description: format!("{name} in {toolbox}"),
+                input_schema: json!({"type": "object"}),
+                output_schema: None,
+            })
+            .collect();
+        let (set, problems) = ToolSet::compile(toolbox, specs);
+        assert!(problems.is_empty(), "{problems:?}");
+        Arc::new(set)
+    }
+
+    /// `math` and `shell` are listed and share `echo`; `quiet` is ready but
+    /// not admitted; `broken` is admitted but failed. Each unlisted one owns
+    /// `add` too, and a tool of its own.
+    fn populated() -> Registry {
+        let registry = Registry::default();
+        for (id, admitted, state, names) in [
+            ("math", true, State::Ready, &["add", "echo"][..]),
+            (
+                "shell",
+                true,
+                State::Restarting {
+                    last_exit: "code 1".into(),
+                },
+                &["echo"][..],
+            ),
+            ("quiet", false, State::Ready, &["add", "hush"][..]),
+            (
+                "broken",
+                true,
+                State::Failed {
+                    reason: "spent".into(),
+                },
+                &["add", "div"][..],
+            ),
+        ] {
+            registry.insert(id, ToolboxHandle::detached(id), State::Starting);
+            if admitted {
+                registry.admit(id);
+            }
+            registry.set(id, state, Some(tools(id, names)));
+        }
+        registry
+    }
+
+    fn entry(admitted: bool, state: State) -> Entry {
+        Entry {
+            handle: ToolboxHandle::detached("t"),
+            state,
+            tools: Arc::default(),
+            admitted,
+        }
+    }
+
+    #[test]
+    fn hosted_means_admitted_and_neither_stopped_nor_in_conflict() {
+        for state in STATES.map(|s| s()) {
+            let name = state.name();
+            let hosted = !matches!(name, "stopped" | "conflict");
+            assert_eq!(entry(true, state.clone()).is_hosted(), hosted, "{name}");
+            assert!(!entry(false, state).is_hosted(), "{name}");
+        }
+    }
+
+    #[test]
+    fn listed_means_admitted_and_ready_or_restarting() {
+        for state in STATES.map(|s| s()) {
+            let name = state.name();
+            let listed = matches!(name, "ready" | "restarting");
+            assert_eq!(entry(true, state.clone()).is_listed(), listed, "{name}");
+            assert!(!entry(false, state).is_listed(), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_toolbox_is_inserted_unadmitted_then_admitted_updated_and_removed() {
+        let registry = Registry::default();
+        registry.insert("math", ToolboxHandle::detached("math"), State::Starting);
+        let before = registry.snapshot();
+        let e = before.toolbox("math").expect("inserted");
+        assert_eq!(e.handle.id(), "math");
+        assert_eq!(e.state, State::Starting);
+        assert!(!e.admitted && e.tools.is_empty());
+
+        registry.admit("math");
+        registry.admit("nobody");
+        registry.set("math", State::Ready, Some(tools("math", &["add"])));
+        registry.set("nobody", State::Ready, None);
+        let after = registry.snapshot();
+        let e = after.toolbox("math").unwrap();
+        assert!(e.admitted);
+        assert_eq!(e.state, State::Ready);
+        assert_eq!(e.tools.len(), 1);
+        assert!(after.toolbox("nobody").is_none());
+        // A snapshot taken earlier never changes.
+        assert!(!before.toolbox("math").unwrap().admitted);
+
+        // A state without tools keeps the last known tools.
+        let restarting = State::Restarting {
+            last_exit: "signal 9".into(),
+        };
+        registry.set("math", restarting.clone(), None);
+        let e = registry.snapshot().toolbox("math").unwrap().clone();
+        assert_eq!(e.state, restarting);
+        assert!(e.tools.get("add").is_some());
+
+        // Inserting again replaces the entry: not admitted, no tools.
+        registry.insert("math", ToolboxHandle::detached("math"), State::Starting);
+        let e = registry.snapshot().toolbox("math").unwrap().clone();
+        assert!(!e.admitted && e.tools.is_empty());
+
+        registry.remove("math");
+        assert!(registry.snapshot().toolbox("math").is_none());
+        assert_eq!(registry.snapshot().toolboxes().count(), 0);
+    }
+
+    #[test]
+    fn toolboxes_are_every_entry_and_listed_only_the_listed_ones() {
+        let catalog = populated().snapshot();
+        let ids = |it: &mut dyn Iterator<Item = (&String, &Entry)>| {
+            it.map(|(id, e)| {
+                assert_eq!(id, e.handle.id());
+                id.clone()
+            })
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            ids(&mut catalog.toolboxes()),
+            ["broken", "math", "quiet", "shell"]
+        );
+        assert_eq!(ids(&mut catalog.listed()), ["math", "shell"]);
+    }
+
+    #[test]
+    fn names_resolve_across_listed_toolboxes_only() {
+        let catalog = populated().snapshot();
+        // `add` is also in `quiet` and `broken`, which are not listed.
+        let Resolved::One(entry, tool) = catalog.resolve("add") else {
+            panic!("add is math's alone")
+        };
+        assert_eq!(entry.handle.id(), "math");
+        assert_eq!(tool.name, "add");
+        assert_eq!(tool.definition["toolbox_id"], "math");
+        let Resolved::Ambiguous(ids) = catalog.resolve("echo") else {
+            panic!("echo is math's and shell's")
+        };
+        assert_eq!(ids, ["math", "shell"]);
+        for name in ["hush", "div", "nope"] {
+            assert!(matches!(catalog.resolve(name), Resolved::Unknown), "{name}");
+        }
+    }
+
+    #[test]
+    fn listed_tools_are_counted_and_serialized_in_order() {
+        let catalog = populated().snapshot();
+        assert_eq!(catalog.listed_tool_count(), 3);
+        let json = catalog.definitions_json();
+        let parsed: Value = serde_json::from_str(json).expect(json);
+        let expected: Vec<Value> = ["math", "shell"]
+            .iter()
+            .flat_map(|id| {
+                let entry = catalog.toolbox(id).unwrap();
+                entry
+                    .tools
+                    .iter()
+                    .map(|t| t.definition.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(parsed, Value::Array(expected));
+        let names: Vec<&str> = parsed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["add", "echo", "echo"]);
+        // Serialized once: the same string every time.
+        assert!(std::ptr::eq(json, catalog.definitions_json()));
+
+        let empty = Registry::default().snapshot();
+        assert_eq!(empty.listed_tool_count(), 0);
+        assert_eq!(empty.definitions_json(), "[]");
+    }
+
+    #[test]
+    fn toolboxes_publish_through_the_registry() {
+        let registry = Registry::default();
+        let sink: &dyn Publish = &registry;
+        sink.add(ToolboxHandle::detached("math"));
+        let e = registry.snapshot().toolbox("math").unwrap().clone();
+        assert_eq!(e.handle.id(), "math");
+        assert_eq!(e.state, State::Starting);
+        assert!(!e.admitted);
+        registry.admit("math");
+        sink.set("math", State::Ready, Some(tools("math", &["add", "mul"])));
+        let catalog = registry.snapshot();
+        let e = catalog.toolbox("math").unwrap();
+        assert_eq!(e.state, State::Ready);
+        assert_eq!(e.tools.len(), 2);
+        assert_eq!(catalog.listed_tool_count(), 2);
+    }
+}

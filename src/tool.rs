@@ -224,4 +224,109 @@ mod tests {
             .is_ok());
         assert_eq!(t.definition["output_schema"]["title"], "AdapterToolOutput");
     }
+
+    fn spec(name: &str, description: &str, input: Value, output: Option<Value>) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            input_schema: input,
+            output_schema: output,
+        }
+    }
+
+    #[test]
+    fn definition_carries_the_spec_and_the_declared_output_schema() {
+        let output = json!({"type": "object", "required": ["sum"],
+            "properties": {"sum": {"type": "integer"}}});
+        let t = Tool::compile(
+            "math",
+            spec(
+                "add",
+                "Add.",
+                json!({"type": "object"}),
+                Some(output.clone()),
+            ),
+        )
+        .unwrap();
+        assert_eq!(t.name, "add");
+        assert!(t.has_output_schema);
+        assert_eq!(
+            t.definition,
+            json!({"name": "add", "description": "Add.",
+                   "argument_schema": {"type": "object"},
+                   "output_schema": output, "toolbox_id": "math"})
+        );
+        assert!(!tool(json!({})).has_output_schema);
+        assert_eq!(format!("{t:?}"), "Tool { name: \"add\" }");
+    }
+
+    #[test]
+    fn output_is_checked_against_the_declared_schema() {
+        let t = Tool::compile(
+            "math",
+            spec(
+                "add",
+                "",
+                json!({}),
+                Some(json!({"type": "object", "required": ["sum"],
+                    "properties": {"sum": {"type": "integer"}}})),
+            ),
+        )
+        .unwrap();
+        assert_eq!(t.check_output(&json!({"sum": 5})), Ok(()));
+        assert_eq!(
+            t.check_output(&json!({"sum": "5"})),
+            Err("/sum: \"5\" is not of type \"integer\"".to_owned())
+        );
+        let e = t.check_output(&json!({})).unwrap_err();
+        assert!(e.starts_with("/: ") && e.contains("\"sum\""), "{e}");
+        // The generic schema still refuses what the adapter could not produce.
+        assert!(tool(json!({}))
+            .check_output(&json!({"content": 1}))
+            .unwrap_err()
+            .starts_with("/content: "));
+    }
+
+    #[test]
+    fn at_most_five_violations_are_quoted() {
+        let t = tool(json!({"type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                "c": {"type": "integer"}, "d": {"type": "integer"},
+                "e": {"type": "integer"}, "f": {"type": "integer"}}}));
+        let e = t
+            .check_arguments(&json!({"a": "x", "b": "x", "c": "x", "d": "x", "e": "x", "f": "x"}))
+            .unwrap_err();
+        assert_eq!(e.split("; ").count(), MAX_REPORTED_VIOLATIONS, "{e}");
+    }
+
+    #[test]
+    fn a_set_keeps_what_compiles_in_listing_order_and_says_why_the_rest_left() {
+        let object = || json!({"type": "object"});
+        let (set, problems) = ToolSet::compile(
+            "math",
+            vec![
+                spec("add", "first", object(), None),
+                spec("bad_in", "", json!({"type": 12}), None),
+                spec("add", "second", object(), None),
+                spec("bad_out", "", object(), Some(json!({"type": 12}))),
+                spec("mul", "", object(), None),
+            ],
+        );
+        let names: Vec<&str> = set.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["add", "mul"]);
+        assert_eq!(set.len(), 2);
+        assert!(!set.is_empty());
+        assert_eq!(set.get("add").unwrap().definition["description"], "first");
+        assert_eq!(set.get("mul").unwrap().name, "mul");
+        assert!(set.get("bad_in").is_none() && set.get("nope").is_none());
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems[0].starts_with("tool \"bad_in\": its inputSchema does not compile: "));
+        assert!(problems[1].starts_with("tool \"bad_out\": its outputSchema does not compile: "));
+        assert_eq!(problems[2], "tool \"add\": its name is listed twice");
+
+        let (empty, problems) = ToolSet::compile("math", Vec::new());
+        assert!(empty.is_empty() && problems.is_empty());
+        assert_eq!(empty.len(), 0);
+        assert_eq!(empty.iter().count(), 0);
+    }
 }

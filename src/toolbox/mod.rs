@@ -523,6 +523,24 @@ impl ToolboxHandle {
     }
 }
 
+#[cfg(test)]
+impl ToolboxHandle {
+    /// A handle with no actor behind it, for tests of what stores handles
+    /// (a call through it finds no child and answers `Stopped`).
+    pub(crate) fn detached(id: &str) -> ToolboxHandle {
+        let (_, deadlines) = watch::channel(Arc::new(Deadlines {
+            call: Duration::from_secs(30),
+            tools: BTreeMap::new(),
+        }));
+        ToolboxHandle {
+            id: id.into(),
+            replicas: Arc::new([]),
+            deadlines,
+            stats: Arc::default(),
+        }
+    }
+}
+
 /// Starts the actors for `manifest` (one per instance), publishing into `sink`.
 pub fn spawn(manifest: Manifest, sink: Arc<dyn Publish>) -> ToolboxHandle {
     let instances = manifest.instances.max(1);

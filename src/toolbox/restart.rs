@@ -32,6 +32,18 @@ impl Budget {
     /// Decides what follows an exit after `uptime` of service, and records the
     /// restart if there is one.
     pub fn after_exit(&mut self, knobs: &Restart, exit: ExitInfo, uptime: Duration) -> Decision {
+        self.after_exit_at(knobs, exit, uptime, Instant::now())
+    }
+
+    /// [`Budget::after_exit`] with the clock read by the caller, so that tests
+    /// can place restarts exactly at the window's edge.
+    fn after_exit_at(
+        &mut self,
+        knobs: &Restart,
+        exit: ExitInfo,
+        uptime: Duration,
+        now: Instant,
+    ) -> Decision {
         let wanted = match knobs.policy {
             RestartPolicy::Always => true,
             RestartPolicy::OnFailure => exit.is_failure(),
@@ -43,7 +55,6 @@ impl Budget {
         if uptime >= Duration::from_secs(knobs.stable_after_s) {
             self.step = 0;
         }
-        let now = Instant::now();
         let window = Duration::from_secs(knobs.window_s);
         while self
             .restarts
@@ -96,6 +107,21 @@ mod tests {
     }
 
     #[test]
+    fn jitter_spreads_delays_over_plus_or_minus_twenty_percent() {
+        let delays: Vec<u64> = (0..200)
+            .map(|_| backoff(1000, 60_000, 0).as_millis() as u64)
+            .collect();
+        assert!(
+            delays.iter().all(|d| (800..=1200).contains(d)),
+            "{delays:?}"
+        );
+        // Either check fails by chance only if all 200 uniform draws miss its
+        // side: odds of (5/8)^200, about 1e-41.
+        assert!(delays.iter().any(|&d| d < 950), "{delays:?}");
+        assert!(delays.iter().any(|&d| d > 1050), "{delays:?}");
+    }
+
+    #[test]
     fn budget_fails_after_max_restarts_in_the_window() {
         let knobs = Restart {
             max_restarts: 3,
@@ -142,6 +168,59 @@ mod tests {
             budget.after_exit(&never, ExitInfo::Code(1), Duration::ZERO),
             Decision::StayDown
         );
+    }
+
+    #[test]
+    fn restarts_leave_the_budget_only_once_older_than_the_window() {
+        let knobs = Restart {
+            max_restarts: 2,
+            window_s: 60,
+            ..Restart::default()
+        };
+        let crash = |budget: &mut Budget, at: Instant| {
+            budget.after_exit_at(&knobs, ExitInfo::Code(1), Duration::ZERO, at)
+        };
+        let t0 = Instant::now();
+        let mut budget = Budget::default();
+        assert!(matches!(crash(&mut budget, t0), Decision::RestartAfter(_)));
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(matches!(crash(&mut budget, t1), Decision::RestartAfter(_)));
+        // Exactly a window after the first restart, it still counts.
+        let edge = t0 + Duration::from_secs(60);
+        assert_eq!(crash(&mut budget, edge), Decision::Failed);
+        // A moment later it has left the window, the second has not.
+        let past = edge + Duration::from_nanos(1);
+        assert!(matches!(
+            crash(&mut budget, past),
+            Decision::RestartAfter(_)
+        ));
+        assert_eq!(crash(&mut budget, past), Decision::Failed);
+    }
+
+    #[test]
+    fn successive_restarts_double_the_delay() {
+        let knobs = Restart {
+            backoff_initial_ms: 1000,
+            stable_after_s: 10,
+            ..Restart::default()
+        };
+        let mut budget = Budget::default();
+        for base in [1000u64, 2000, 4000, 8000] {
+            let Decision::RestartAfter(d) =
+                budget.after_exit(&knobs, ExitInfo::Code(1), Duration::from_secs(9))
+            else {
+                panic!()
+            };
+            let ms = d.as_millis() as u64;
+            assert!(ms >= base * 8 / 10 && ms <= base * 12 / 10, "{base}: {ms}");
+        }
+        // Up exactly `stable_after_s` counts as stable.
+        let Decision::RestartAfter(d) =
+            budget.after_exit(&knobs, ExitInfo::Code(1), Duration::from_secs(10))
+        else {
+            panic!()
+        };
+        assert!(d <= Duration::from_millis(1200), "{d:?}");
     }
 
     #[test]
