@@ -73,6 +73,9 @@ pub enum RpcFailure {
     /// The child broke the protocol and is being killed.
     #[error("broke the protocol: {0}")]
     Broken(String),
+    /// The deadline passed first; the child was told to cancel.
+    #[error("did not answer in time")]
+    TimedOut,
 }
 
 /// Something the child told us that its owner must act on.
@@ -82,8 +85,18 @@ pub enum ChildEvent {
     ToolsChanged,
 }
 
-/// Calls waiting for their answer, by request id.
-type Pending = HashMap<u64, oneshot::Sender<Result<Value, RpcFailure>>>;
+/// What waits for the answer to one request.
+enum Waiter {
+    /// A caller.
+    Caller(oneshot::Sender<Result<Value, RpcFailure>>),
+    /// Nobody any more (its deadline passed), but this stays held — a call
+    /// slot, say — until the child answers or is gone: the child is still
+    /// working on the request.
+    Abandoned(#[allow(dead_code)] Box<dyn Send>),
+}
+
+/// Requests waiting for their answer, by request id.
+type Pending = HashMap<u64, Waiter>;
 
 /// The state shared by a child's tasks and its callers.
 struct Link {
@@ -119,9 +132,11 @@ impl Link {
                 *closed = Some(why.clone());
             }
         }
-        let waiting: Vec<_> = self.lock_pending().drain().map(|(_, tx)| tx).collect();
-        for tx in waiting {
-            let _ = tx.send(Err(why.clone()));
+        let waiting: Vec<_> = self.lock_pending().drain().map(|(_, w)| w).collect();
+        for waiter in waiting {
+            if let Waiter::Caller(tx) = waiter {
+                let _ = tx.send(Err(why.clone()));
+            }
         }
     }
 }
@@ -164,7 +179,7 @@ impl RpcHandle {
             if let Some(why) = closed.as_ref() {
                 return Err(why.clone());
             }
-            link.lock_pending().insert(id, tx);
+            link.lock_pending().insert(id, Waiter::Caller(tx));
         }
         let mut guard = InFlight {
             link,
@@ -175,6 +190,62 @@ impl RpcHandle {
         // and the reaper answers it with the exit status, like every other.
         let _ = link.stdin.send(mcp::request_line(id, method, &params));
         let answer = rx.await;
+        guard.done = true;
+        match answer {
+            Ok(result) => result,
+            Err(_) => Err(self.closed_reason()),
+        }
+    }
+
+    /// Sends a request and waits for its answer until `deadline`. Past it the
+    /// child gets `notifications/cancelled` and the caller `TimedOut` at once,
+    /// but `hold` stays held until the child answers anyway or is gone, so a
+    /// slot is free only when the child is really done with the request.
+    pub async fn request_until(
+        &self,
+        method: &str,
+        params: Value,
+        deadline: tokio::time::Instant,
+        hold: Box<dyn Send>,
+    ) -> Result<Value, RpcFailure> {
+        let link = &*self.link;
+        let id = link.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, mut rx) = oneshot::channel();
+        {
+            let closed = link.closed.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(why) = closed.as_ref() {
+                return Err(why.clone());
+            }
+            link.lock_pending().insert(id, Waiter::Caller(tx));
+        }
+        let mut guard = InFlight {
+            link,
+            id,
+            done: false,
+        };
+        let _ = link.stdin.send(mcp::request_line(id, method, &params));
+        let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                guard.done = true;
+                let abandoned = match link.lock_pending().get_mut(&id) {
+                    Some(waiter) => {
+                        *waiter = Waiter::Abandoned(hold);
+                        true
+                    }
+                    None => false,
+                };
+                if abandoned {
+                    let params = serde_json::json!({"requestId": id, "reason": "timed out"});
+                    let _ = link
+                        .stdin
+                        .send(mcp::notification_line("notifications/cancelled", &params));
+                    return Err(RpcFailure::TimedOut);
+                }
+                // Answered (or closed) just as the deadline passed: take that.
+                rx.await
+            }
+        };
         guard.done = true;
         match answer {
             Ok(result) => result,
@@ -529,8 +600,18 @@ async fn read_stdout(
             Ok(Incoming::Response { id, result }) => {
                 let waiter = id.and_then(|id| link.lock_pending().remove(&id));
                 match waiter {
-                    Some(tx) => {
+                    Some(Waiter::Caller(tx)) => {
                         let _ = tx.send(result.map_err(RpcFailure::Rpc));
+                    }
+                    // The late answer to a call past its deadline: what it
+                    // held (its slot) is released now.
+                    Some(Waiter::Abandoned(_)) => {
+                        tracing::debug!(
+                            toolbox,
+                            pid,
+                            ?id,
+                            "late answer to a call past its deadline"
+                        );
                     }
                     // A late answer to a call that timed out lands here too.
                     None if !unknown_logged => {

@@ -109,6 +109,9 @@ pub struct Limits {
     pub drain_timeout_s: u64,
     /// Longest stdout line accepted from the child.
     pub max_message_bytes: usize,
+    /// Calls in a row that run past their deadline before the child is
+    /// deemed wedged, killed and restarted.
+    pub max_timeouts_in_a_row: u32,
     /// Shorter deadlines for particular tools, by tool name (never longer
     /// than `call_timeout_s`).
     pub tool_timeouts: BTreeMap<String, u64>,
@@ -123,6 +126,7 @@ impl Default for Limits {
             probe_timeout_s: 5,
             drain_timeout_s: 30,
             max_message_bytes: 16 * 1024 * 1024,
+            max_timeouts_in_a_row: 3,
             tool_timeouts: BTreeMap::new(),
         }
     }
@@ -374,13 +378,14 @@ pub fn valid_id(id: &str) -> bool {
 
 /// Every numeric knob with its allowed range (docs/manifest.md): a value past
 /// it is an error at `check`, so no arithmetic on a knob can overflow later.
-pub const KNOB_RANGES: [(&str, u64, u64); 12] = [
+pub const KNOB_RANGES: [(&str, u64, u64); 13] = [
     ("call_timeout_s", 1, 86_400),
     ("max_concurrent_calls", 1, 1024),
     ("probe_interval_s", 1, 3_600),
     ("probe_timeout_s", 1, 600),
     ("drain_timeout_s", 0, 3_600),
     ("max_message_bytes", 1024, 256 * 1024 * 1024),
+    ("max_timeouts_in_a_row", 1, 1_000),
     ("backoff_initial_ms", 1, 3_600_000),
     ("backoff_max_ms", 1, 3_600_000),
     ("max_restarts", 0, 10_000),
@@ -390,13 +395,14 @@ pub const KNOB_RANGES: [(&str, u64, u64); 12] = [
 ];
 
 fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, String)> {
-    let values: [u64; 12] = [
+    let values: [u64; 13] = [
         limits.call_timeout_s,
         limits.max_concurrent_calls as u64,
         limits.probe_interval_s,
         limits.probe_timeout_s,
         limits.drain_timeout_s,
         limits.max_message_bytes as u64,
+        u64::from(limits.max_timeouts_in_a_row),
         restart.backoff_initial_ms,
         restart.backoff_max_ms,
         u64::from(restart.max_restarts),
@@ -618,6 +624,7 @@ mod tests {
                 "probe_timeout_s",
                 "drain_timeout_s",
                 "max_message_bytes",
+                "max_timeouts_in_a_row",
             ]
             .contains(&key)
             {

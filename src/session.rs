@@ -224,12 +224,22 @@ impl Session {
         self.rpc.is_closed()
     }
 
-    /// One `tools/call`; the raw MCP result.
-    pub async fn call_tool(&self, name: &str, arguments: Value) -> Result<Value, RpcFailure> {
+    /// One `tools/call` until `deadline`; the raw MCP result. `hold` (the
+    /// call's slot) stays held until the child is done with the call, even
+    /// past the deadline.
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Value,
+        deadline: tokio::time::Instant,
+        hold: Box<dyn Send>,
+    ) -> Result<Value, RpcFailure> {
         let mut params = Map::new();
         params.insert("name".to_owned(), Value::String(name.to_owned()));
         params.insert("arguments".to_owned(), arguments);
-        self.rpc.request("tools/call", self.params(params)).await
+        self.rpc
+            .request_until("tools/call", self.params(params), deadline, hold)
+            .await
     }
 
     /// The liveness probe: `ping` (legacy) or `server/discover` (modern).

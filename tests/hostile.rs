@@ -173,3 +173,72 @@ async fn a_toolbox_cannot_operate_the_daemon_through_its_control_socket() {
             .is_empty()
     });
 }
+
+#[tokio::test]
+async fn a_timed_out_call_keeps_its_slot_and_a_wedged_child_is_restarted() {
+    // 300 calls of a 20 s tool with 8 slots once all reached the child: a
+    // timed-out call freed its slot while the child still ran it, and the
+    // toolbox stayed wedged. Here: 10 calls that never end, 2 slots.
+    let dir = TempDir::new("wedge");
+    let record = dir.path().join("received.jsonl");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\nenv = {{ MCP_TOOLBOX_RECORD = \"{}\" }}\n\
+             [restart]\nbackoff_initial_ms = 50\n\
+             [limits]\ncall_timeout_s = 1\nmax_concurrent_calls = 2\nmax_timeouts_in_a_row = 3\n",
+            repo("tests/fixtures/faulty_toolbox.py"),
+            record.display()
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    for i in 0..10 {
+        bus.send(
+            "ovos.persona.tools.call",
+            json!({"toolbox_id": "faulty", "name": "hang", "kwargs": {}}),
+            json!({"mark": format!("h{i}")}),
+        )
+        .await;
+    }
+    // Every caller gets its TimeoutError, once, after about its deadline.
+    for i in 0..10 {
+        let answers = bus
+            .expect_answers("ovos.persona.tools.call.response", &format!("h{i}"), 1)
+            .await;
+        assert_eq!(answers.len(), 1);
+        assert_eq!(
+            answers[0]["data"]["error"],
+            "TimeoutError: tool 'hang' in toolbox 'faulty' did not answer within 1 s"
+        );
+    }
+    // Only as many calls as slots reached the child: the others waited for
+    // a slot the timed-out calls still held.
+    let received = std::fs::read_to_string(&record).unwrap_or_default();
+    let hangs = received.lines().filter(|l| l.contains("\"hang\"")).count();
+    assert_eq!(hangs, 2, "{received}");
+    // The child answered nothing while calls kept timing out: it was killed
+    // and restarted, and status says why.
+    common::wait_until(
+        "the wedged child is restarted",
+        Duration::from_secs(10),
+        || daemon.status("faulty")["restarts"] == 1 && daemon.status("faulty")["state"] == "ready",
+    );
+    let row = daemon.status("faulty");
+    assert!(
+        row["last_exit"]
+            .as_str()
+            .unwrap()
+            .contains("killed because 3 calls in a row ran past their deadline"),
+        "{row}"
+    );
+    assert_eq!(
+        bus.call("faulty", "ok", json!({})).await["result"],
+        json!({"ok": true})
+    );
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+}

@@ -212,6 +212,9 @@ impl Actor {
             pid,
             permits: Semaphore::new(self.manifest.limits.max_concurrent_calls),
             since: Instant::now(),
+            timeouts_in_a_row: std::sync::atomic::AtomicU32::new(0),
+            max_timeouts_in_a_row: self.manifest.limits.max_timeouts_in_a_row,
+            wedged: tokio::sync::Notify::new(),
         });
         tracing::info!(
             toolbox = self.id(),
@@ -237,17 +240,32 @@ impl Actor {
         let mut probe =
             tokio::time::interval_at(tokio::time::Instant::now() + probe_every, probe_every);
         let mut missed = 0;
+        // Why we killed the child, when we did: said with its exit.
+        let mut killed_for: Option<String> = None;
         loop {
             let pid = running.child.pid();
             tokio::select! {
                 exit = running.child.exited() => {
                     tracing::warn!(toolbox = self.id(), pid, "child exited ({exit})");
+                    let text = match killed_for.take() {
+                        Some(why) => format!("exited ({exit}): killed because {why}"),
+                        None => format!("exited ({exit})"),
+                    };
                     return self.went_down(Down {
                         exit,
                         uptime: running.started.elapsed(),
-                        text: format!("exited ({exit})"),
+                        text,
                         stderr: running.child.stderr_tail(),
                     });
+                }
+                _ = running.serving.wedged.notified() => {
+                    let why = format!(
+                        "{} calls in a row ran past their deadline",
+                        self.manifest.limits.max_timeouts_in_a_row
+                    );
+                    tracing::error!(toolbox = self.id(), pid, "{why}; killing the child");
+                    killed_for = Some(why);
+                    running.child.signal_group(nix::sys::signal::Signal::SIGKILL);
                 }
                 Some(event) = running.events.recv() => match event {
                     ChildEvent::ToolsChanged => self.refresh(&running, None).await,
@@ -301,6 +319,7 @@ impl Actor {
                             tracing::warn!(toolbox = self.id(), pid, missed, "liveness probe missed");
                             if missed >= MAX_MISSED_PROBES {
                                 tracing::error!(toolbox = self.id(), pid, "child stopped answering its liveness probe; killing it");
+                                killed_for = Some(format!("it missed {MAX_MISSED_PROBES} liveness probes in a row"));
                                 running.child.signal_group(nix::sys::signal::Signal::SIGKILL);
                             }
                         }

@@ -97,6 +97,23 @@ struct Serving {
     permits: Semaphore,
     /// When it became ready, for uptime in status.
     since: Instant,
+    /// Calls that ran past their deadline since the last answered one.
+    timeouts_in_a_row: std::sync::atomic::AtomicU32,
+    /// `max_timeouts_in_a_row`: this many in a row and the child is wedged.
+    max_timeouts_in_a_row: u32,
+    /// Tells the actor the child is wedged: it kills and restarts it.
+    wedged: tokio::sync::Notify,
+}
+
+impl Serving {
+    /// A call timed out on this child, or waiting for one of its slots: the
+    /// `max_timeouts_in_a_row`-th in a row (no answer between) wedges it.
+    fn timed_out(&self) {
+        let in_a_row = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if in_a_row == self.max_timeouts_in_a_row {
+            self.wedged.notify_one();
+        }
+    }
 }
 
 /// What a caller finds when it looks for a child.
@@ -245,12 +262,13 @@ pub struct ToolboxHandle {
     stats: Arc<Stats>,
 }
 
-/// Gives a call's permit back however the call ends.
-struct PermitGuard<'a>(&'a Semaphore);
+/// One call slot (a `max_concurrent_calls` permit) of a serving child, given
+/// back when dropped: when the child has answered, or is gone.
+struct SlotHold(Arc<Serving>);
 
-impl Drop for PermitGuard<'_> {
+impl Drop for SlotHold {
     fn drop(&mut self) {
-        self.0.add_permits(1);
+        self.0.permits.add_permits(1);
     }
 }
 
@@ -341,46 +359,83 @@ impl ToolboxHandle {
         let _count = InFlightCount(&self.stats);
         let limit = self.deadline_of(tool);
         let deadline = tokio::time::Instant::from_std(arrived + limit);
-        match tokio::time::timeout_at(deadline, self.call_inner(tool, args)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(CallError::Timeout(limit)),
-        }
-    }
-
-    async fn call_inner(&self, tool: &str, args: Value) -> Result<Value, CallError> {
         loop {
             // Watch the slots from before we pick a child, so that a child
             // found dead below is followed by the next one published.
             let mut changes: Vec<watch::Receiver<Slot>> =
                 self.replicas.iter().map(|r| r.slot.clone()).collect();
-            let serving = self.serving().await?;
-            // A closed semaphore means this child was swapped out or stopped
-            // while we queued: look for the serving child again.
-            // The permit is given back when the call ends (PermitGuard).
-            let Ok(permit) = serving.permits.acquire().await else {
-                continue;
+            let slot = match self.take_slot(deadline).await {
+                Ok(slot) => slot,
+                Err(None) => return Err(CallError::Timeout(limit)),
+                Err(Some(e)) => return Err(e),
             };
-            permit.forget();
-            let _permit = PermitGuard(&serving.permits);
-            if serving.session.is_gone() {
+            if slot.0.session.is_gone() {
                 // The child died before the call reached it and its actor has
                 // not said so yet: the call waits for the next child, like
                 // any call during a restart.
+                drop(slot);
                 let next = changes.iter_mut().map(|s| Box::pin(s.changed()));
-                if futures_util::future::select_all(next).await.0.is_err() {
-                    return Err(CallError::Stopped);
+                match tokio::time::timeout_at(deadline, futures_util::future::select_all(next))
+                    .await
+                {
+                    Err(_) => return Err(CallError::Timeout(limit)),
+                    Ok((Err(_), ..)) => return Err(CallError::Stopped),
+                    Ok(_) => continue,
                 }
-                continue;
             }
-            return serving
+            let serving = slot.0.clone();
+            // The slot goes with the request: past the deadline it stays
+            // taken until the child answers anyway, or is gone.
+            let outcome = serving
                 .session
-                .call_tool(tool, args)
+                .call_tool(tool, args, deadline, Box::new(slot))
+                .await;
+            return match outcome {
+                Ok(result) => {
+                    serving.timeouts_in_a_row.store(0, Ordering::Relaxed);
+                    Ok(result)
+                }
+                Err(RpcFailure::TimedOut) => {
+                    serving.timed_out();
+                    Err(CallError::Timeout(limit))
+                }
+                Err(RpcFailure::Rpc(e)) => {
+                    serving.timeouts_in_a_row.store(0, Ordering::Relaxed);
+                    Err(CallError::Rpc(e))
+                }
+                Err(RpcFailure::Exited(exit)) => Err(CallError::Exited(exit)),
+                Err(RpcFailure::Broken(why)) => Err(CallError::Broken(why)),
+            };
+        }
+    }
+
+    /// Waits, until `deadline`, for a serving child and one of its call
+    /// slots; `Err(None)` when the deadline passed.
+    async fn take_slot(
+        &self,
+        deadline: tokio::time::Instant,
+    ) -> Result<SlotHold, Option<CallError>> {
+        loop {
+            let serving = match tokio::time::timeout_at(deadline, self.serving()).await {
+                Ok(found) => found.map_err(Some)?,
+                Err(_) => return Err(None),
+            };
+            // A closed semaphore means this child was swapped out or stopped
+            // while we queued: look for the serving child again.
+            let acquired = tokio::time::timeout_at(deadline, serving.permits.acquire())
                 .await
-                .map_err(|failure| match failure {
-                    RpcFailure::Rpc(e) => CallError::Rpc(e),
-                    RpcFailure::Exited(exit) => CallError::Exited(exit),
-                    RpcFailure::Broken(why) => CallError::Broken(why),
-                });
+                .map(|permit| permit.map(|p| p.forget()));
+            match acquired {
+                // Given back by SlotHold's drop.
+                Ok(Ok(())) => return Ok(SlotHold(serving)),
+                Ok(Err(_closed)) => continue,
+                // Every slot stayed taken for the whole deadline: the child
+                // answered nothing in that time.
+                Err(_) => {
+                    serving.timed_out();
+                    return Err(None);
+                }
+            }
         }
     }
 
