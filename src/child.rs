@@ -111,11 +111,44 @@ struct Link {
     pending: Mutex<Pending>,
     /// Set once the child is gone (or broken): new requests fail at once with it.
     closed: Mutex<Option<RpcFailure>>,
-    /// Lines for the writer task, which owns stdin.
+    /// Lines for the writer task, which owns stdin. Always sent through
+    /// [`Link::send`], which keeps them within `stdin_budget`.
     stdin: mpsc::UnboundedSender<Vec<u8>>,
+    /// Bytes queued for stdin and not yet written: a child that stops reading
+    /// makes this grow.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// The most bytes that may wait for stdin (`max_message_bytes`); past it
+    /// the child is cut off and restarted, so it cannot make the daemon hold
+    /// unbounded memory.
+    stdin_budget: usize,
+    /// Why the child was cut off for breaking the protocol, once it was
+    /// (kept apart from `closed`, which its exit status later replaces).
+    cut: std::sync::OnceLock<String>,
 }
 
 impl Link {
+    /// Queues a line for the child's stdin, within the budget. Past it the
+    /// child is cut off (every call on it fails, it is killed and restarted).
+    fn send(&self, line: Vec<u8>) {
+        let n = line.len();
+        let queued = self.queued.fetch_add(n, Ordering::Relaxed) + n;
+        if queued > self.stdin_budget {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            cut_off(
+                self,
+                format!(
+                    "the child does not read its stdin ({queued} bytes waiting, more than \
+                     max_message_bytes = {})",
+                    self.stdin_budget
+                ),
+            );
+            return;
+        }
+        if self.stdin.send(line).is_err() {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
         // A panic while holding this lock would be a bug in a few lines of map
         // code; the map itself stays consistent, so recover it rather than panic.
@@ -153,9 +186,7 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.done && self.link.lock_pending().remove(&self.id).is_some() {
             let params = serde_json::json!({"requestId": self.id, "reason": "timed out"});
-            let _ = self
-                .link
-                .stdin
+            self.link
                 .send(mcp::notification_line("notifications/cancelled", &params));
         }
     }
@@ -188,7 +219,7 @@ impl RpcHandle {
         };
         // If the writer is gone the child is dying: the request stays pending
         // and the reaper answers it with the exit status, like every other.
-        let _ = link.stdin.send(mcp::request_line(id, method, &params));
+        link.send(mcp::request_line(id, method, &params));
         let answer = rx.await;
         guard.done = true;
         match answer {
@@ -223,7 +254,7 @@ impl RpcHandle {
             id,
             done: false,
         };
-        let _ = link.stdin.send(mcp::request_line(id, method, &params));
+        link.send(mcp::request_line(id, method, &params));
         let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
             Ok(answer) => answer,
             Err(_) => {
@@ -237,9 +268,7 @@ impl RpcHandle {
                 };
                 if abandoned {
                     let params = serde_json::json!({"requestId": id, "reason": "timed out"});
-                    let _ = link
-                        .stdin
-                        .send(mcp::notification_line("notifications/cancelled", &params));
+                    link.send(mcp::notification_line("notifications/cancelled", &params));
                     return Err(RpcFailure::TimedOut);
                 }
                 // Answered (or closed) just as the deadline passed: take that.
@@ -255,10 +284,13 @@ impl RpcHandle {
 
     /// Sends a notification; a child that is gone is not an error here.
     pub fn notify(&self, method: &str, params: Value) {
-        let _ = self
-            .link
-            .stdin
-            .send(mcp::notification_line(method, &params));
+        self.link.send(mcp::notification_line(method, &params));
+    }
+
+    /// Why the child was cut off, if it broke the protocol (a bad stdout
+    /// line, an unread stdin): for the words that report its exit.
+    pub fn broken_because(&self) -> Option<String> {
+        self.link.cut.get().cloned()
     }
 
     /// The toolbox this child belongs to and its pid, for log lines.
@@ -382,6 +414,7 @@ impl Child {
         };
 
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let link = Arc::new(Link {
             toolbox: manifest.id.clone(),
             pid,
@@ -389,11 +422,14 @@ impl Child {
             pending: Mutex::new(HashMap::new()),
             closed: Mutex::new(None),
             stdin: stdin_tx,
+            queued: queued.clone(),
+            stdin_budget: manifest.limits.max_message_bytes,
+            cut: std::sync::OnceLock::new(),
         });
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (exit_tx, exit_rx) = watch::channel(None);
 
-        tokio::spawn(write_stdin(stdin, stdin_rx));
+        tokio::spawn(write_stdin(stdin, stdin_rx, queued));
         tokio::spawn(read_stdout(
             link.clone(),
             stdout,
@@ -512,13 +548,19 @@ impl Drop for Child {
 
 /// Owns stdin: writes each line, flushing when no more are queued. An empty
 /// line is the request to close stdin.
-async fn write_stdin(stdin: ChildStdin, mut lines: mpsc::UnboundedReceiver<Vec<u8>>) {
+async fn write_stdin(
+    stdin: ChildStdin,
+    mut lines: mpsc::UnboundedReceiver<Vec<u8>>,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+) {
     let mut stdin = tokio::io::BufWriter::new(stdin);
     while let Some(line) = lines.recv().await {
         if line.is_empty() {
             break;
         }
-        if stdin.write_all(&line).await.is_err() {
+        let written = stdin.write_all(&line).await;
+        queued.fetch_sub(line.len(), Ordering::Relaxed);
+        if written.is_err() {
             return;
         }
         if lines.is_empty() && stdin.flush().await.is_err() {
@@ -635,7 +677,7 @@ async fn read_stdout(
                     tracing::debug!(toolbox, pid, %method, "child request refused: method not found");
                     Err((mcp::METHOD_NOT_FOUND, "toolboxd does not offer this method"))
                 };
-                let _ = link.stdin.send(mcp::response_line(&id, answer));
+                link.send(mcp::response_line(&id, answer));
             }
             Ok(Incoming::Notification { method, params }) => match method.as_str() {
                 "notifications/tools/list_changed" => {
@@ -660,14 +702,28 @@ async fn read_stdout(
         }
     };
     // A child that closed stdout or broke framing cannot answer anything more.
+    cut_off(&link, why);
+}
+
+/// Ends a child that broke the protocol: every call on it fails with `why`,
+/// and its group is killed (its actor then restarts it). Said once.
+fn cut_off(link: &Link, why: String) {
+    let exited = matches!(
+        *link.closed.lock().unwrap_or_else(|e| e.into_inner()),
+        Some(RpcFailure::Exited(_))
+    );
+    // Once reaped, its pid may be another process's: never signal it then.
+    if exited || link.cut.set(why.clone()).is_err() {
+        return;
+    }
     tracing::warn!(
-        toolbox,
-        pid,
-        "stdout is unusable ({why}); stopping the child"
+        toolbox = %link.toolbox,
+        pid = link.pid,
+        "{why}; stopping the child"
     );
     link.close(RpcFailure::Broken(why));
     let _ = nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(pid as i32),
+        nix::unistd::Pid::from_raw(link.pid as i32),
         nix::sys::signal::Signal::SIGKILL,
     );
 }

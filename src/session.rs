@@ -219,6 +219,11 @@ impl Session {
         )))
     }
 
+    /// Why the child was cut off for breaking the protocol, if it was.
+    pub fn broken_because(&self) -> Option<String> {
+        self.rpc.broken_because()
+    }
+
     /// Whether the child is gone: a call now would not reach it.
     pub fn is_gone(&self) -> bool {
         self.rpc.is_closed()

@@ -242,3 +242,55 @@ async fn a_timed_out_call_keeps_its_slot_and_a_wedged_child_is_restarted() {
         2
     );
 }
+
+/// The daemon's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_child_that_floods_requests_and_never_reads_is_cut_off() {
+    // Every answer to its requests was queued for its stdin without limit:
+    // 11 MB -> 1.95 GB in 17 s. Now the queue holds max_message_bytes at most.
+    let dir = TempDir::new("flood-unread");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\nenv = {{ FAULT = \"flood_unread\" }}\n\
+             [restart]\nbackoff_initial_ms = 5000\n[limits]\nmax_message_bytes = 1048576\nprobe_interval_s = 1\n",
+            repo("tests/fixtures/faulty_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let before = rss_kib(daemon.pid());
+    // The first probe makes the child stop reading and start flooding.
+    common::wait_until(
+        "the flooding child is cut off",
+        Duration::from_secs(20),
+        || daemon.status("faulty")["restarts"] == 1,
+    );
+    let row = daemon.status("faulty");
+    assert!(
+        row["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the child does not read its stdin"),
+        "{row}"
+    );
+    let after = rss_kib(daemon.pid());
+    assert!(
+        after < before + 64 * 1024,
+        "daemon RSS grew from {before} KiB to {after} KiB"
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+}

@@ -247,7 +247,8 @@ impl Actor {
             tokio::select! {
                 exit = running.child.exited() => {
                     tracing::warn!(toolbox = self.id(), pid, "child exited ({exit})");
-                    let text = match killed_for.take() {
+                    let broke = running.serving.session.broken_because();
+                    let text = match killed_for.take().or(broke) {
                         Some(why) => format!("exited ({exit}): killed because {why}"),
                         None => format!("exited ({exit})"),
                     };
