@@ -23,7 +23,7 @@ use tokio::process::{ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::manifest::Manifest;
-use crate::mcp::{self, Incoming, RpcError};
+use crate::mcp::{self, FrameError, Incoming, RpcError};
 
 /// How a child process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -686,6 +686,7 @@ async fn read_stdout(
                 "notifications/message" => log_child_message(toolbox, pid, &params),
                 _ => tracing::trace!(toolbox, pid, %method, "notification ignored"),
             },
+            Err(FrameError::Unusable(why)) => break format!("the child sent {why}"),
             Err(e) => {
                 if !junk_logged {
                     junk_logged = true;

@@ -51,14 +51,29 @@ pub enum FrameError {
     NotJson(String),
     #[error("not a JSON-RPC message (an object with a method, or an id with a result or error)")]
     NotJsonRpc,
+    /// JSON-RPC that toolboxd cannot use and must not ignore, since a call
+    /// may be waiting for it: a batch, or a message nested too deep to read.
+    #[error("{0}")]
+    Unusable(&'static str),
 }
 
 /// Parses one line of a child's stdout.
 pub fn parse_line(line: &[u8]) -> Result<Incoming, FrameError> {
-    let value: Value =
-        serde_json::from_slice(line).map_err(|e| FrameError::NotJson(e.to_string()))?;
-    let Value::Object(mut obj) = value else {
-        return Err(FrameError::NotJsonRpc);
+    let value: Value = serde_json::from_slice(line).map_err(|e| {
+        if e.to_string().starts_with("recursion limit exceeded") {
+            FrameError::Unusable("a message nested too deep to read (over 128 levels)")
+        } else {
+            FrameError::NotJson(e.to_string())
+        }
+    })?;
+    let mut obj = match value {
+        Value::Object(obj) => obj,
+        Value::Array(items) if items.iter().any(|i| i.get("jsonrpc").is_some()) => {
+            return Err(FrameError::Unusable(
+                "a JSON-RPC batch, which the MCP stdio transport does not use",
+            ))
+        }
+        _ => return Err(FrameError::NotJsonRpc),
     };
     let params = obj.remove("params").unwrap_or(Value::Null);
     match (obj.remove("method"), obj.remove("id")) {
@@ -75,7 +90,8 @@ pub fn parse_line(line: &[u8]) -> Result<Incoming, FrameError> {
                 return Err(FrameError::NotJsonRpc);
             };
             Ok(Incoming::Response {
-                id: id.as_u64(),
+                // Some servers echo ids as strings: "7" answers request 7.
+                id: id.as_u64().or_else(|| id.as_str()?.parse().ok()),
                 result,
             })
         }
@@ -245,6 +261,31 @@ pub fn generic_output_schema() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unusable_answers_are_told_from_junk() {
+        let deep = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}}",
+            "[".repeat(200) + &"]".repeat(200)
+        );
+        assert!(matches!(
+            parse_line(deep.as_bytes()),
+            Err(FrameError::Unusable(_))
+        ));
+        let batch = br#"[{"jsonrpc":"2.0","id":1,"result":{}}]"#;
+        assert!(matches!(parse_line(batch), Err(FrameError::Unusable(_))));
+        // A plain array is junk, ignored like any non-JSON-RPC line.
+        assert_eq!(parse_line(b"[1, 2, 3]"), Err(FrameError::NotJsonRpc));
+        // A string id naming one of our numeric ids is matched.
+        assert!(matches!(
+            parse_line(br#"{"jsonrpc":"2.0","id":"7","result":{}}"#),
+            Ok(Incoming::Response { id: Some(7), .. })
+        ));
+        assert!(matches!(
+            parse_line(br#"{"jsonrpc":"2.0","id":"x","result":{}}"#),
+            Ok(Incoming::Response { id: None, .. })
+        ));
+    }
 
     #[test]
     fn classifies_lines() {

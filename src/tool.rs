@@ -37,6 +37,14 @@ impl std::fmt::Debug for Tool {
 impl Tool {
     /// Compiles a listed tool's schemas. The error says which schema and why.
     pub fn compile(toolbox_id: &str, spec: ToolSpec) -> Result<Tool, String> {
+        if !valid_name(&spec.name) {
+            return Err(
+                "its name is not 1-128 characters of A-Z a-z 0-9 _ - . (the MCP tool-name \
+                 rule; control characters and look-alike Unicode could forge a log line or \
+                 mislead a reader)"
+                    .to_owned(),
+            );
+        }
         let has_output_schema = spec.output_schema.is_some();
         let output_schema = spec
             .output_schema
@@ -70,6 +78,14 @@ impl Tool {
     pub fn check_output(&self, result: &Value) -> Result<(), String> {
         violations(&self.output, result)
     }
+}
+
+/// The MCP tool-name rule: 1-128 characters of A-Z a-z 0-9 `_` `-` `.`.
+pub fn valid_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 fn violations(validator: &jsonschema::Validator, instance: &Value) -> Result<(), String> {
@@ -158,6 +174,23 @@ impl ToolSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_names_follow_the_mcp_rule() {
+        for good in ["add", "get_current_time", "a.b-c_9", &"x".repeat(128)] {
+            assert!(valid_name(good), "{good}");
+        }
+        for bad in [
+            "",
+            "a b",
+            "evil\nline",
+            "rtl\u{202E}txt",
+            "ü",
+            &"x".repeat(129),
+        ] {
+            assert!(!valid_name(bad), "{bad:?}");
+        }
+    }
 
     fn tool(schema: Value) -> Tool {
         Tool::compile(

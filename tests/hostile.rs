@@ -294,3 +294,47 @@ async fn a_child_that_floods_requests_and_never_reads_is_cut_off() {
         2
     );
 }
+
+#[tokio::test]
+async fn child_answers_that_cannot_be_used_fail_the_call_at_once() {
+    // A batch or an answer nested 126+ deep used to be ignored: the call
+    // hung until its deadline. A string id ("7" for 7) is accepted.
+    let dir = TempDir::new("bad-answers");
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\n[restart]\nbackoff_initial_ms = 50\n",
+            repo("tests/fixtures/faulty_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let r = bus
+        .call("faulty", "bad_answer", json!({"kind": "string_id"}))
+        .await;
+    assert_eq!(r["result"], json!({"ok": true}), "{r}");
+    for (kind, why) in [
+        ("deep", "the child sent a message nested too deep to read"),
+        ("batch", "the child sent a JSON-RPC batch"),
+    ] {
+        let started = std::time::Instant::now();
+        let r = bus
+            .call("faulty", "bad_answer", json!({"kind": kind}))
+            .await;
+        let e = r["error"].as_str().unwrap_or_default();
+        assert!(
+            e.starts_with("RuntimeError: toolbox 'faulty' failed while running 'bad_answer': ")
+                && e.contains(why),
+            "{kind}: {r}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{kind}: {:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        bus.call("faulty", "ok", json!({})).await["result"],
+        json!({"ok": true})
+    );
+}
