@@ -42,6 +42,9 @@ pub struct RunOptions {
     /// How long to listen for other hosts' toolbox ids at start and reload
     /// (zero: do not ask).
     pub peer_probe: std::time::Duration,
+    /// Let web pages of any origin use the embedded bus (default: loopback
+    /// origins only).
+    pub bus_any_origin: bool,
 }
 
 /// Why the daemon could not run.
@@ -64,12 +67,13 @@ pub enum DaemonError {
 async fn embed(
     addr: SocketAddr,
     shutdown: crate::shutdown::Shutdown,
+    any_origin: bool,
 ) -> Result<String, DaemonError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| DaemonError::Bind { addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
-    tokio::spawn(server::serve(listener, shutdown));
+    tokio::spawn(server::serve(listener, shutdown, any_origin));
     tracing::info!(addr = %local, "embedded bus listening");
     Ok(format!("ws://{local}{}", server::ROUTE))
 }
@@ -85,7 +89,10 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     let mut hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
 
     let (url, first) = match options.bus {
-        BusMode::Embedded(addr) => (embed(addr, shutdown.clone()).await?, None),
+        BusMode::Embedded(addr) => (
+            embed(addr, shutdown.clone(), options.bus_any_origin).await?,
+            None,
+        ),
         BusMode::Connect(url) => (url, None),
         BusMode::Auto => {
             let settings = bus::config::lookup();
@@ -109,7 +116,10 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
                          where toolboxd is the only bus user)"
                     );
                     let addr = client::socket_addr(&url).await?;
-                    (embed(addr, shutdown.clone()).await?, None)
+                    (
+                        embed(addr, shutdown.clone(), options.bus_any_origin).await?,
+                        None,
+                    )
                 }
                 Err(e) => return Err(e.into()),
             }

@@ -28,6 +28,7 @@
 //! - [`check`], [`caller`], [`scaffold`]: the `check`, `list`, `call` and
 //!   `new` commands.
 //! - [`notify`]: systemd readiness and watchdog notifications.
+//! - [`files`]: reading operator files without trusting what is at the path.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
 pub mod answers;
@@ -38,6 +39,7 @@ pub mod check;
 pub mod child;
 pub mod control;
 pub mod daemon;
+pub mod files;
 pub mod keeper;
 pub mod launch;
 pub mod manifest;

@@ -70,9 +70,13 @@ enum Command {
         #[arg(long)]
         embedded_bus: Option<SocketAddr>,
         /// The control socket (default: $XDG_RUNTIME_DIR/toolboxd.sock, or
-        /// /run/toolboxd.sock as root, or /tmp/toolboxd-UID.sock).
+        /// /run/toolboxd/toolboxd.sock as root).
         #[arg(long)]
         control: Option<PathBuf>,
+        /// Let web pages of any origin use the embedded bus (by default a
+        /// connection that names a non-loopback Origin is refused).
+        #[arg(long)]
+        bus_allow_any_origin: bool,
         /// Host toolboxes only (persona topics); leave ovos.tools.* to another
         /// daemon on the bus.
         #[arg(long)]
@@ -139,6 +143,10 @@ enum Command {
     Bus {
         #[arg(long, default_value = "127.0.0.1:8181")]
         listen: SocketAddr,
+        /// Let web pages of any origin use the bus (by default a connection
+        /// that names a non-loopback Origin is refused).
+        #[arg(long)]
+        allow_any_origin: bool,
     },
 }
 
@@ -198,6 +206,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             control,
             host_only,
             peer_probe_ms,
+            bus_allow_any_origin,
         } => {
             let control = match control {
                 Some(path) => path,
@@ -214,6 +223,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 control,
                 host_only,
                 peer_probe: Duration::from_millis(peer_probe_ms),
+                bus_any_origin: bus_allow_any_origin,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -309,13 +319,20 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             ))?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Bus { listen } => {
+        Command::Bus {
+            listen,
+            allow_any_origin,
+        } => {
             let (trigger, shutdown) = toolboxd::shutdown::ShutdownTrigger::new();
             let listener = tokio::net::TcpListener::bind(listen)
                 .await
                 .with_context(|| format!("cannot listen on {listen}"))?;
             tracing::info!(addr = %listener.local_addr().unwrap_or(listen), "messagebus listening");
-            let server = tokio::spawn(toolboxd::bus::server::serve(listener, shutdown));
+            let server = tokio::spawn(toolboxd::bus::server::serve(
+                listener,
+                shutdown,
+                allow_any_origin,
+            ));
             wait_for_stop_signal().await?;
             trigger.trigger();
             let _ = server.await;

@@ -195,51 +195,18 @@ pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
 /// Reads a manifest file without ever blocking on, or reading without end
 /// from, something that is not a regular file (a FIFO, a device, a directory).
 fn read_manifest(path: &Path) -> Result<String, String> {
-    use std::io::Read;
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| format!("cannot read the manifest: {e}"))?;
-    let meta = file
-        .metadata()
-        .map_err(|e| format!("cannot read the manifest: {e}"))?;
-    let kind = meta.file_type();
-    if !kind.is_file() {
-        let what = if kind.is_dir() {
-            "a directory"
-        } else if kind.is_fifo() {
-            "a FIFO"
-        } else if kind.is_char_device() || kind.is_block_device() {
-            "a device"
-        } else if kind.is_socket() {
-            "a socket"
-        } else {
-            "not a regular file"
-        };
-        return Err(format!(
+    use crate::files::ReadError;
+    crate::files::read_small_regular(path, MAX_MANIFEST_BYTES).map_err(|e| match e {
+        ReadError::NotRegular(what) => format!(
             "is {what}, not a manifest; a manifest must be a regular file: move it out of \
              the manifests directory or rename it"
-        ));
-    }
-    let too_big = || {
-        format!(
-            "is larger than {MAX_MANIFEST_BYTES} bytes, which no manifest needs; is it the \
-             right file?"
-        )
-    };
-    if meta.len() > MAX_MANIFEST_BYTES {
-        return Err(too_big());
-    }
-    let mut text = String::new();
-    file.take(MAX_MANIFEST_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read the manifest: {e}"))?;
-    if text.len() as u64 > MAX_MANIFEST_BYTES {
-        return Err(too_big());
-    }
-    Ok(text)
+        ),
+        ReadError::TooLarge(max) => {
+            format!("is larger than {max} bytes, which no manifest needs; is it the right file?")
+        }
+        ReadError::NotFound => "cannot read the manifest: it does not exist".to_owned(),
+        ReadError::Io(e) => format!("cannot read the manifest: {e}"),
+    })
 }
 
 impl Manifest {
@@ -692,6 +659,38 @@ mod tests {
                     .any(|r| r.contains(file) && r.contains(what)),
                 "{file}: {reported:?}"
             );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn boundaries_of_ids_timeouts_sizes_and_executables() {
+        assert_eq!(
+            parse("id = \"a_b-9\"\ncommand = \"sh\"\n").unwrap().id,
+            "a_b-9"
+        );
+        let m = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\ncall_timeout_s = 10\n[limits.tool_timeouts]\nt = 10\n")
+            .unwrap();
+        assert_eq!(m.limits.tool_timeouts["t"], 10);
+        let dir =
+            std::env::temp_dir().join(format!("toolboxd-manifest-edges-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("adir")).unwrap();
+        // Exactly the largest size is read.
+        let head = "id = \"big\"\ncommand = \"sh\"\n";
+        let text = format!(
+            "{head}{}",
+            "#".repeat(MAX_MANIFEST_BYTES as usize - head.len())
+        );
+        std::fs::write(dir.join("big.toml"), text).unwrap();
+        assert_eq!(Manifest::load(&dir.join("big.toml")).unwrap().id, "big");
+        // A command that is a directory, or not executable, is named.
+        std::fs::write(dir.join("script.sh"), "#!/bin/sh\n").unwrap();
+        for command in ["./adir", "./script.sh"] {
+            let text = format!("id = \"x\"\ncommand = \"{command}\"\n");
+            std::fs::write(dir.join("x.toml"), text).unwrap();
+            let e = Manifest::load(&dir.join("x.toml")).unwrap_err();
+            assert_eq!(e.line, Some(2), "{command}: {e}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -338,3 +338,40 @@ async fn child_answers_that_cannot_be_used_fail_the_call_at_once() {
         json!({"ok": true})
     );
 }
+
+#[tokio::test]
+async fn a_web_page_cannot_use_the_embedded_bus() {
+    // Any page in a browser on the device could open ws://127.0.0.1:8181/core
+    // and list, call and reload every tool.
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let dir = TempDir::new("origin");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let with_origin = |origin: &str| {
+        let mut request = daemon.url.as_str().into_client_request().unwrap();
+        request
+            .headers_mut()
+            .insert("Origin", origin.parse().unwrap());
+        request
+    };
+    for evil in ["http://evil.example", "null"] {
+        let refused = tokio_tungstenite::connect_async(with_origin(evil)).await;
+        match refused {
+            Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+                assert_eq!(response.status(), 403, "{evil}")
+            }
+            other => panic!("{evil}: {:?}", other.map(|_| "connected")),
+        }
+    }
+    // A page served from the device itself, and any client without an
+    // Origin (every OVOS client), are served.
+    let (ws, _) = tokio_tungstenite::connect_async(with_origin("http://localhost:8080"))
+        .await
+        .expect("a loopback origin connects");
+    drop(ws);
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+}

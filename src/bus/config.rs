@@ -50,11 +50,11 @@ pub fn from_files(files: &[PathBuf]) -> BusSettings {
     let mut sources = Vec::new();
     let mut warnings = Vec::new();
     for file in files {
-        let text = match std::fs::read_to_string(file) {
+        let text = match crate::files::read_small_regular(file, MAX_CONFIG_BYTES) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(crate::files::ReadError::NotFound) => continue,
             Err(e) => {
-                warnings.push(format!("cannot read {}: {e}; ignoring it", file.display()));
+                warnings.push(format!("cannot use {}: {e}; ignoring it", file.display()));
                 continue;
             }
         };
@@ -84,7 +84,29 @@ pub fn from_files(files: &[PathBuf]) -> BusSettings {
         .get("host")
         .and_then(Value::as_str)
         .unwrap_or("127.0.0.1");
-    let port = section.get("port").and_then(Value::as_u64).unwrap_or(8181);
+    if !is_loopback_host(host) {
+        warnings.push(format!(
+            "the bus host {host:?} is not loopback: whatever reaches that address can control \
+             OVOS through the bus (it has no authentication); an embedded bus would listen there"
+        ));
+    }
+    // OVOS writes the port as a number; a numeric string is taken too.
+    let port = match section.get("port") {
+        None => 8181,
+        Some(value) => match value
+            .as_u64()
+            .or_else(|| value.as_str()?.trim().parse().ok())
+            .filter(|p| (1..=65535).contains(p))
+        {
+            Some(port) => port,
+            None => {
+                warnings.push(format!(
+                    "websocket.port {value} is not a port (1-65535); using 8181"
+                ));
+                8181
+            }
+        },
+    };
     let route = section
         .get("route")
         .and_then(Value::as_str)
@@ -97,6 +119,18 @@ pub fn from_files(files: &[PathBuf]) -> BusSettings {
         sources,
         warnings,
     }
+}
+
+/// The largest mycroft.conf read: real ones are a few KiB.
+const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
+
+/// Whether a configured host names this machine's loopback.
+fn is_loopback_host(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Removes `//` and `/* */` comments outside strings (mycroft.conf allows them).
@@ -186,6 +220,38 @@ mod tests {
         let s = from_files(&[system.clone(), user.clone()]);
         assert_eq!(s.url, "ws://10.0.0.1:9999/core");
         assert_eq!(s.sources, [system, user]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn ports_hosts_and_odd_files_are_checked() {
+        let dir = tmp("checked");
+        let conf = |name: &str, ws: &str| write(&dir, name, &format!("{{\"websocket\": {ws}}}"));
+        // 70000 used to bind port 4464 (70000 mod 65536) while the log said 70000.
+        let s = from_files(&[conf("a.conf", "{\"port\": 70000}")]);
+        assert_eq!(s.url, "ws://127.0.0.1:8181/core");
+        assert!(
+            s.warnings[0].contains("70000 is not a port"),
+            "{:?}",
+            s.warnings
+        );
+        let s = from_files(&[conf("b.conf", "{\"port\": \"19437\"}")]);
+        assert_eq!(s.url, "ws://127.0.0.1:19437/core");
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        let s = from_files(&[conf("c.conf", "{\"host\": \"0.0.0.0\"}")]);
+        assert!(
+            s.warnings[0].contains("is not loopback"),
+            "{:?}",
+            s.warnings
+        );
+        let s = from_files(&[conf("d.conf", "{\"host\": \"localhost\"}")]);
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        // A FIFO as mycroft.conf once blocked `run` and `list` for ever.
+        let fifo = dir.join("fifo.conf");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let s = from_files(&[fifo]);
+        assert_eq!(s.url, "ws://127.0.0.1:8181/core");
+        assert!(s.warnings[0].contains("a FIFO"), "{:?}", s.warnings);
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -228,6 +228,35 @@ mod tests {
     }
 
     #[test]
+    fn arrays_empty_types_and_kept_members() {
+        // serde could build the envelope struct from an array: refuse it.
+        assert_eq!(
+            Message::decode(r#"["t", {}, {}]"#),
+            Err(DecodeError::NotObject)
+        );
+        assert_eq!(
+            Message::decode(r#"{"type": ""}"#),
+            Err(DecodeError::BadType)
+        );
+        assert_eq!(
+            Message::from_value(serde_json::json!({"type": ""})),
+            Err(DecodeError::BadType)
+        );
+        assert_eq!(
+            Message::from_value(serde_json::json!({"type": 7})),
+            Err(DecodeError::BadType)
+        );
+        let m = Message::from_value(
+            serde_json::json!({"type": "a", "data": {"n": 1}, "context": {"c": 2}}),
+        )
+        .unwrap();
+        assert_eq!(
+            (m.data["n"].clone(), m.context["c"].clone()),
+            (1.into(), 2.into())
+        );
+    }
+
+    #[test]
     fn a_key_given_twice_is_refused() {
         assert_eq!(
             Message::decode(r#"{"type":"ovos.tools.list","data":{},"type":"x.y"}"#),

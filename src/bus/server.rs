@@ -58,8 +58,10 @@ impl Clients {
     }
 }
 
-/// Serves the bus on `listener` until shutdown.
-pub async fn serve(listener: TcpListener, mut shutdown: Shutdown) {
+/// Serves the bus on `listener` until shutdown. Browsers are kept out: a
+/// connection with an `Origin` header is accepted only from a loopback
+/// origin, unless `any_origin`.
+pub async fn serve(listener: TcpListener, mut shutdown: Shutdown, any_origin: bool) {
     let clients = Arc::new(Clients::default());
     loop {
         let accepted = tokio::select! {
@@ -68,7 +70,13 @@ pub async fn serve(listener: TcpListener, mut shutdown: Shutdown) {
         };
         match accepted {
             Ok((stream, peer)) => {
-                tokio::spawn(client(stream, peer, clients.clone(), shutdown.clone()));
+                tokio::spawn(client(
+                    stream,
+                    peer,
+                    clients.clone(),
+                    shutdown.clone(),
+                    any_origin,
+                ));
             }
             Err(e) => {
                 // Out of fds and the like: back off a little instead of spinning.
@@ -81,16 +89,54 @@ pub async fn serve(listener: TcpListener, mut shutdown: Shutdown) {
 
 // The signature is tungstenite's handshake callback; its error type is theirs.
 #[allow(clippy::result_large_err)]
-fn check_route(request: &Request, response: Response) -> Result<Response, ErrorResponse> {
-    let path = request.uri().path();
-    if path == ROUTE || path == "/core/" {
-        Ok(response)
-    } else {
-        let mut refusal =
-            ErrorResponse::new(Some(format!("no bus at {path}; connect to {ROUTE}\n")));
-        *refusal.status_mut() = StatusCode::NOT_FOUND;
+fn check_request(
+    request: &Request,
+    response: Response,
+    any_origin: bool,
+) -> Result<Response, ErrorResponse> {
+    let refuse = |status: StatusCode, why: String| {
+        let mut refusal = ErrorResponse::new(Some(why));
+        *refusal.status_mut() = status;
         Err(refusal)
+    };
+    let path = request.uri().path();
+    if path != ROUTE && path != "/core/" {
+        return refuse(
+            StatusCode::NOT_FOUND,
+            format!("no bus at {path}; connect to {ROUTE}\n"),
+        );
     }
+    if let Some(origin) = request.headers().get("origin") {
+        let origin = origin.to_str().unwrap_or("");
+        if !any_origin && !loopback_origin(origin) {
+            tracing::warn!(
+                origin,
+                "bus: refused a connection from a web page (non-loopback Origin)"
+            );
+            return refuse(
+                StatusCode::FORBIDDEN,
+                "web pages may not use this bus (its Origin is not loopback)\n".to_owned(),
+            );
+        }
+    }
+    Ok(response)
+}
+
+/// Whether a browser `Origin` (`scheme://host[:port]`) is on this machine's
+/// loopback. `null` (a local file, a sandboxed frame) is not.
+fn loopback_origin(origin: &str) -> bool {
+    let Some((_, rest)) = origin.split_once("://") else {
+        return false;
+    };
+    let host = if let Some(v6) = rest.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        rest.split(':').next().unwrap_or("")
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 async fn client(
@@ -98,11 +144,16 @@ async fn client(
     peer: SocketAddr,
     clients: Arc<Clients>,
     mut shutdown: Shutdown,
+    any_origin: bool,
 ) {
     tcp::tune(&stream);
+    // The signature is tungstenite's handshake callback; its error type is theirs.
+    #[allow(clippy::result_large_err)]
+    let check =
+        move |request: &Request, response: Response| check_request(request, response, any_origin);
     let ws = match tokio_tungstenite::accept_hdr_async_with_config(
         stream,
-        check_route,
+        check,
         Some(super::ws_config()),
     )
     .await
@@ -170,4 +221,30 @@ async fn client(
     }
     clients.remove(id);
     tracing::debug!(%peer, id, "bus client disconnected");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_origins_pass() {
+        for ok in [
+            "http://localhost:8080",
+            "http://127.0.0.1",
+            "https://[::1]:3000",
+            "http://127.8.9.1",
+        ] {
+            assert!(loopback_origin(ok), "{ok}");
+        }
+        for bad in [
+            "null",
+            "http://evil.example",
+            "http://192.168.1.5",
+            "http://localhost.evil.example",
+            "",
+        ] {
+            assert!(!loopback_origin(bad), "{bad}");
+        }
+    }
 }

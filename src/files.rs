@@ -1,0 +1,62 @@
+//! Reading the small files an operator hands toolboxd (manifests,
+//! mycroft.conf) without trusting what is at the path: never blocking on a
+//! FIFO, never reading a device or a huge file without end.
+
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
+
+/// Why a file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Nothing is there.
+    #[error("it does not exist")]
+    NotFound,
+    /// Something that is not a regular file is there.
+    #[error("it is {0}, not a regular file")]
+    NotRegular(&'static str),
+    /// It is larger than the limit.
+    #[error("it is larger than {0} bytes, which it never needs to be; is it the right file?")]
+    TooLarge(u64),
+    /// Reading failed.
+    #[error("cannot read it: {0}")]
+    Io(std::io::Error),
+}
+
+/// Reads a regular file (a symlink to one is fine) of at most `max` bytes.
+pub fn read_small_regular(path: &Path, max: u64) -> Result<String, ReadError> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ReadError::NotFound,
+            _ => ReadError::Io(e),
+        })?;
+    let meta = file.metadata().map_err(ReadError::Io)?;
+    let kind = meta.file_type();
+    if !kind.is_file() {
+        return Err(ReadError::NotRegular(if kind.is_dir() {
+            "a directory"
+        } else if kind.is_fifo() {
+            "a FIFO"
+        } else if kind.is_char_device() || kind.is_block_device() {
+            "a device"
+        } else if kind.is_socket() {
+            "a socket"
+        } else {
+            "something else"
+        }));
+    }
+    if meta.len() > max {
+        return Err(ReadError::TooLarge(max));
+    }
+    let mut text = String::new();
+    file.take(max + 1)
+        .read_to_string(&mut text)
+        .map_err(ReadError::Io)?;
+    if text.len() as u64 > max {
+        return Err(ReadError::TooLarge(max));
+    }
+    Ok(text)
+}
