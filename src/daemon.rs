@@ -185,10 +185,20 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
         "ready"
     );
 
-    let notifier = Notifier::from_env();
+    let notifier = Arc::new(Notifier::from_env());
     notifier.send(&format!(
         "READY=1\nSTATUS=serving {} toolboxes",
         catalog.toolboxes().count()
+    ));
+    // The supervisor gets a task of its own: this loop, which serves signals
+    // and pings the watchdog, never waits on a toolbox or a reload.
+    let (reloads, reload_requests) = mpsc::unbounded_channel();
+    let supervising = tokio::spawn(supervise(
+        supervisor,
+        reload_requests,
+        service.clone(),
+        peer_probe,
+        notifier.clone(),
     ));
     // The watchdog is pinged from this loop, so a stuck loop stops the pings.
     let mut watchdog = notifier.watchdog_interval().map(tokio::time::interval);
@@ -198,22 +208,33 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
             _ = interrupt.recv() => break,
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading manifests");
-                reload(&mut supervisor, &service, peer_probe, &notifier).await;
+                let (reply, _) = tokio::sync::oneshot::channel();
+                let _ = reloads.send(reply);
             }
             Some(reply) = reload_rx.recv() => {
-                let _ = reply.send(reload(&mut supervisor, &service, peer_probe, &notifier).await);
+                let _ = reloads.send(reply);
             }
             Some(request) = control_rx.recv() => {
-                let answer = match request.method {
-                    control::Method::Reload => Ok(reload_json(
-                        &reload(&mut supervisor, &service, peer_probe, &notifier).await,
-                    )),
-                    control::Method::Status => Ok(control::status(&registry.snapshot())),
-                    control::Method::Restart(id) => operate(&supervisor, &id, Action::Restart).await,
-                    control::Method::Stop(id) => operate(&supervisor, &id, Action::Stop).await,
-                    control::Method::Start(id) => operate(&supervisor, &id, Action::Start).await,
-                };
-                let _ = request.reply.send(answer);
+                let reply = request.reply;
+                let registry = registry.clone();
+                let reloads = reloads.clone();
+                // Each operator request runs as a task and answers when done.
+                tokio::spawn(async move {
+                    let answer = match request.method {
+                        control::Method::Reload => {
+                            let (tx, rx) = tokio::sync::oneshot::channel();
+                            let _ = reloads.send(tx);
+                            rx.await
+                                .map(|report| reload_json(&report))
+                                .map_err(|_| "the daemon is shutting down".to_owned())
+                        }
+                        control::Method::Status => Ok(control::status(&registry.snapshot())),
+                        control::Method::Restart(id) => operate(&registry, &id, Action::Restart).await,
+                        control::Method::Stop(id) => operate(&registry, &id, Action::Stop).await,
+                        control::Method::Start(id) => operate(&registry, &id, Action::Start).await,
+                    };
+                    let _ = reply.send(answer);
+                });
             }
             _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => {
                 notifier.send("WATCHDOG=1");
@@ -222,11 +243,44 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     }
     notifier.send("STOPPING=1");
     tracing::info!("shutting down: draining calls and stopping toolboxes");
-    supervisor.shutdown().await;
+    drop(reloads);
+    if let Ok(supervisor) = supervising.await {
+        supervisor.shutdown().await;
+    }
     trigger.trigger();
     let _ = bus_task.await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Owns the supervisor while the daemon serves: runs reloads one at a time,
+/// and answers every request that arrived during a reload with the next one
+/// (so a burst of reloads costs one or two). Returns the supervisor when the
+/// requests end (shutdown).
+async fn supervise(
+    mut supervisor: Supervisor,
+    mut requests: mpsc::UnboundedReceiver<tokio::sync::oneshot::Sender<ReloadReport>>,
+    service: Arc<Service>,
+    peer_probe: std::time::Duration,
+    notifier: Arc<Notifier>,
+) -> Supervisor {
+    while let Some(first) = requests.recv().await {
+        let mut waiting = vec![first];
+        while let Ok(more) = requests.try_recv() {
+            waiting.push(more);
+        }
+        if waiting.len() > 1 {
+            tracing::info!(
+                requests = waiting.len(),
+                "reload requests coalesced into one"
+            );
+        }
+        let report = reload(&mut supervisor, &service, peer_probe, &notifier).await;
+        for reply in waiting {
+            let _ = reply.send(report.clone());
+        }
+    }
+    supervisor
 }
 
 /// What an operator can do to one toolbox.
@@ -238,12 +292,14 @@ enum Action {
 
 /// Carries out an operator's action on toolbox `id`.
 async fn operate(
-    supervisor: &Supervisor,
+    registry: &Registry,
     id: &str,
     action: Action,
 ) -> Result<serde_json::Value, String> {
-    let handle = supervisor
-        .handle(id)
+    let handle = registry
+        .snapshot()
+        .toolbox(id)
+        .map(|entry| entry.handle.clone())
         .ok_or_else(|| format!("no toolbox {id:?} is hosted here; see toolboxd ctl status"))?;
     let outcome = match action {
         Action::Restart => handle.restart().await,

@@ -26,7 +26,11 @@ impl Notifier {
                     Some(name) => abstract_addr(name)?,
                     None => SocketAddr::from_pathname(&path).ok()?,
                 };
-                match UnixDatagram::unbound() {
+                // Non-blocking: a receiver that stops reading must never
+                // stall the daemon's loop (the kernel queues only a few
+                // datagrams per socket); a notification it cannot take is
+                // dropped and logged.
+                match UnixDatagram::unbound().and_then(|s| s.set_nonblocking(true).map(|()| s)) {
                     Ok(socket) => Some((socket, addr)),
                     Err(e) => {
                         tracing::warn!("NOTIFY_SOCKET is set but no socket could be made: {e}");
@@ -49,8 +53,12 @@ impl Notifier {
     /// Sends one notification (newline-separated `KEY=VALUE` assignments).
     pub fn send(&self, state: &str) {
         if let Some((socket, addr)) = &self.target {
-            if let Err(e) = socket.send_to_addr(state.as_bytes(), addr) {
-                tracing::warn!("cannot notify systemd ({state:?}): {e}");
+            match socket.send_to_addr(state.as_bytes(), addr) {
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    tracing::debug!("systemd's notify socket is full; dropped {state:?}")
+                }
+                Err(e) => tracing::warn!("cannot notify systemd ({state:?}): {e}"),
             }
         }
     }

@@ -375,3 +375,92 @@ async fn a_web_page_cannot_use_the_embedded_bus() {
         2
     );
 }
+
+#[test]
+fn the_daemons_loop_never_waits_on_a_toolbox() {
+    // `ctl stop` of a slow-to-stop toolbox (or a reload) ran inline in the
+    // loop that serves signals and pings the watchdog: a 35 s watchdog gap.
+    let dir = TempDir::new("loop");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\nenv = {{ FAULT = \"stubborn\" }}\n",
+            repo("tests/fixtures/faulty_toolbox.py")
+        ),
+    );
+    let sock_dir = TempDir::new("loop-notify");
+    let path = sock_dir.path().join("notify.sock");
+    let systemd = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    systemd
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    let daemon = Daemon::start_env(
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ],
+        &[
+            ("NOTIFY_SOCKET", path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "200000"),
+        ],
+    );
+    // The stubborn child takes about 6 s to stop (stdin, 3 s, SIGTERM, 3 s).
+    let stopping = std::thread::spawn({
+        let control = daemon.control.clone();
+        move || {
+            let started = std::time::Instant::now();
+            let out = common::output_within(
+                Command::new(BIN).args([
+                    "ctl",
+                    "--control",
+                    control.to_str().unwrap(),
+                    "stop",
+                    "faulty",
+                ]),
+                common::ANSWER_DEADLINE,
+            );
+            (out.status.code(), started.elapsed())
+        }
+    });
+    // Meanwhile: status answers at once, and the watchdog is pinged on time.
+    let mut pings = Vec::new();
+    let mut buf = [0u8; 256];
+    let watch_until = std::time::Instant::now() + Duration::from_secs(4);
+    let mut statuses = 0;
+    while std::time::Instant::now() < watch_until {
+        if let Ok(n) = systemd.recv(&mut buf) {
+            if &buf[..n] == b"WATCHDOG=1" {
+                pings.push(std::time::Instant::now());
+            }
+        }
+        if pings.len() % 10 == 5 {
+            let asked = std::time::Instant::now();
+            let (code, _, err) = daemon.ctl(&["status", "--json"]);
+            assert_eq!(code, 0, "{err}");
+            assert!(
+                asked.elapsed() < Duration::from_secs(1),
+                "status took {:?} during a stop",
+                asked.elapsed()
+            );
+            statuses += 1;
+        }
+    }
+    assert!(statuses > 0);
+    let gaps: Vec<Duration> = pings.windows(2).map(|w| w[1] - w[0]).collect();
+    let worst = gaps.iter().max().copied().unwrap_or_default();
+    assert!(pings.len() >= 10, "{} watchdog pings in 4 s", pings.len());
+    assert!(
+        worst < Duration::from_secs(1),
+        "a watchdog gap of {worst:?}"
+    );
+    let (code, took) = stopping.join().unwrap();
+    assert_eq!(code, Some(0));
+    assert!(
+        took >= Duration::from_secs(5),
+        "the stop itself took {took:?}"
+    );
+    assert_eq!(daemon.status("faulty")["state"], "stopped");
+}

@@ -215,6 +215,12 @@ impl Daemon {
 
     /// `ctl status --json`, the row of toolbox `id`.
     pub fn status(&self, id: &str) -> Value {
+        self.status_of(id)
+            .unwrap_or_else(|rows| panic!("no {id} in status: {rows}"))
+    }
+
+    /// `ctl status --json`, the row of toolbox `id`, or every row if it has none.
+    pub fn status_of(&self, id: &str) -> Result<Value, String> {
         let (code, out, err) = self.ctl(&["status", "--json"]);
         assert_eq!(code, 0, "ctl status failed: {err}");
         let rows: Value = serde_json::from_str(&out).unwrap();
@@ -223,20 +229,23 @@ impl Daemon {
             .iter()
             .find(|r| r["id"] == id)
             .cloned()
-            .unwrap_or_else(|| panic!("no {id} in status: {out}"))
+            .ok_or(out)
     }
 
-    /// Waits until toolbox `id` is in `state` (polling status).
+    /// Waits until toolbox `id` is in `state` (polling status; a toolbox not
+    /// hosted yet, e.g. during a reload, is waited for too).
     pub fn wait_for_state(&self, id: &str, state: &str, timeout: Duration) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            let row = self.status(id);
-            if row["state"] == state {
-                return row;
+            let row = self.status_of(id);
+            if let Ok(row) = &row {
+                if row["state"] == state {
+                    return row.clone();
+                }
             }
             assert!(
                 Instant::now() < deadline,
-                "{id} never became {state}: {row}"
+                "{id} never became {state}: {row:?}"
             );
             std::thread::sleep(Duration::from_millis(25));
         }
