@@ -202,24 +202,7 @@ impl RpcHandle {
     /// Sends a request and waits for its answer. Dropping the future (e.g. on a
     /// timeout) withdraws the request and sends `notifications/cancelled`.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
-        let link = &*self.link;
-        let id = link.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        {
-            let closed = link.closed.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(why) = closed.as_ref() {
-                return Err(why.clone());
-            }
-            link.lock_pending().insert(id, Waiter::Caller(tx));
-        }
-        let mut guard = InFlight {
-            link,
-            id,
-            done: false,
-        };
-        // If the writer is gone the child is dying: the request stays pending
-        // and the reaper answers it with the exit status, like every other.
-        link.send(mcp::request_line(id, method, &params));
+        let (_, rx, mut guard) = self.send_request(method, &params)?;
         let answer = rx.await;
         guard.done = true;
         match answer {
@@ -240,21 +223,7 @@ impl RpcHandle {
         hold: Box<dyn Send>,
     ) -> Result<Value, RpcFailure> {
         let link = &*self.link;
-        let id = link.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, mut rx) = oneshot::channel();
-        {
-            let closed = link.closed.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(why) = closed.as_ref() {
-                return Err(why.clone());
-            }
-            link.lock_pending().insert(id, Waiter::Caller(tx));
-        }
-        let mut guard = InFlight {
-            link,
-            id,
-            done: false,
-        };
-        link.send(mcp::request_line(id, method, &params));
+        let (id, mut rx, mut guard) = self.send_request(method, &params)?;
         let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
             Ok(answer) => answer,
             Err(_) => {
@@ -280,6 +249,45 @@ impl RpcHandle {
             Ok(result) => result,
             Err(_) => Err(self.closed_reason()),
         }
+    }
+
+    /// Registers a request and sends it: its id, where its answer will come,
+    /// and the guard that withdraws it if the caller gives up. If the writer
+    /// is gone the child is dying: the request stays pending and the reaper
+    /// answers it with the exit status, like every other.
+    #[allow(clippy::type_complexity)]
+    fn send_request(
+        &self,
+        method: &str,
+        params: &Value,
+    ) -> Result<
+        (
+            u64,
+            oneshot::Receiver<Result<Value, RpcFailure>>,
+            InFlight<'_>,
+        ),
+        RpcFailure,
+    > {
+        let link = &*self.link;
+        let id = link.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let closed = link.closed.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(why) = closed.as_ref() {
+                return Err(why.clone());
+            }
+            link.lock_pending().insert(id, Waiter::Caller(tx));
+        }
+        link.send(mcp::request_line(id, method, params));
+        Ok((
+            id,
+            rx,
+            InFlight {
+                link,
+                id,
+                done: false,
+            },
+        ))
     }
 
     /// Sends a notification; a child that is gone is not an error here.
