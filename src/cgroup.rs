@@ -170,6 +170,14 @@ impl Cgroup {
     }
 }
 
+impl Drop for Cgroup {
+    /// A cgroup whose child never started (or is gone) is removed; one still
+    /// populated stays, and the keeper removes it with the daemon's root.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 /// Kills every process under `root` and removes it and its cgroups (the
 /// keeper's end of a daemon). Blocking; gives up after about a second.
 pub fn kill_and_remove_tree(root: &Path) {

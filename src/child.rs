@@ -131,6 +131,13 @@ impl Link {
     /// child is cut off (every call on it fails, it is killed and restarted).
     fn send(&self, line: Vec<u8>) {
         let n = line.len();
+        if n > self.stdin_budget {
+            // One request too large for the child's stdin budget: it is not
+            // the child's fault. The caller of such a request is refused
+            // before it gets here (see `send_request`).
+            tracing::warn!(toolbox = %self.toolbox, pid = self.pid, bytes = n, "a line for the child is larger than max_message_bytes; not sent");
+            return;
+        }
         let queued = self.queued.fetch_add(n, Ordering::Relaxed) + n;
         if queued > self.stdin_budget {
             self.queued.fetch_sub(n, Ordering::Relaxed);
@@ -276,9 +283,19 @@ impl RpcHandle {
             if let Some(why) = closed.as_ref() {
                 return Err(why.clone());
             }
+            let line = mcp::request_line(id, method, params);
+            if line.len() > link.stdin_budget {
+                return Err(RpcFailure::Broken(format!(
+                    "the request is {} bytes, more than max_message_bytes ({}); the child was \
+                     not sent it",
+                    line.len(),
+                    link.stdin_budget
+                )));
+            }
             link.lock_pending().insert(id, Waiter::Caller(tx));
+            drop(closed);
+            link.send(line);
         }
-        link.send(mcp::request_line(id, method, params));
         Ok((
             id,
             rx,

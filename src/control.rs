@@ -91,6 +91,11 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ControlError> {
         }
         match UnixStream::connect(path).await {
             Ok(_) => return Err(ControlError::InUse(path.to_owned())),
+            // Only a refused connection means nobody listens; anything else
+            // (a full backlog, say) may be a live daemon: leave it.
+            Err(e) if e.kind() != std::io::ErrorKind::ConnectionRefused => {
+                return Err(ControlError::InUse(path.to_owned()))
+            }
             Err(_) => {
                 tracing::info!(path = %path.display(), "removing a stale control socket");
                 let _ = std::fs::remove_file(path);

@@ -217,13 +217,18 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
             Some(request) = control_rx.recv() => {
                 let reply = request.reply;
                 let registry = registry.clone();
-                let reloads = reloads.clone();
+                // Only a reload task holds the reload queue, and only until it
+                // has queued its request: shutdown waits for no other task.
+                let reloads = matches!(request.method, control::Method::Reload)
+                    .then(|| reloads.clone());
                 // Each operator request runs as a task and answers when done.
                 tokio::spawn(async move {
                     let answer = match request.method {
                         control::Method::Reload => {
                             let (tx, rx) = tokio::sync::oneshot::channel();
-                            let _ = reloads.send(tx);
+                            if let Some(reloads) = reloads {
+                                let _ = reloads.send(tx);
+                            }
                             rx.await
                                 .map(|report| reload_json(&report))
                                 .map_err(|_| "the daemon is shutting down".to_owned())

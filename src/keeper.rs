@@ -67,6 +67,19 @@ impl Keeper {
             Ok(mut child) => {
                 let pid = child.id();
                 let to_keeper = child.stdin.take()?;
+                // Non-blocking: a keeper that stops reading (a toolbox of the
+                // same user could SIGSTOP it) must never stall the daemon.
+                {
+                    use std::os::fd::AsRawFd;
+                    let fd = to_keeper.as_raw_fd();
+                    // SAFETY: fcntl on a descriptor this process owns.
+                    unsafe {
+                        let flags = libc::fcntl(fd, libc::F_GETFL);
+                        if flags >= 0 {
+                            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+                        }
+                    }
+                }
                 // The keeper outlives us by design; nothing waits for it here
                 // and the init process reaps it once we are gone. (Dropping
                 // the handle does not kill it.)
@@ -104,10 +117,13 @@ impl Keeper {
 
     fn send(&self, line: &str) {
         let mut pipe = self.to_keeper.lock().unwrap_or_else(|e| e.into_inner());
-        // A line is a few bytes: far below the pipe's atomic write size, so
-        // this never blocks the runtime in practice.
+        // A line is a few bytes, below the pipe's atomic write size: it is
+        // written whole or not at all, and never blocks (non-blocking pipe).
         if let Err(e) = pipe.write_all(line.as_bytes()) {
-            tracing::warn!("the keeper is gone ({e}); toolboxes die with the daemon only by parent-death signal");
+            tracing::warn!(
+                "cannot tell the keeper ({e}); a toolbox's own children may outlive a killed \
+                 daemon (its cgroup, where used, still ends them at its stop)"
+            );
         }
     }
 }

@@ -213,6 +213,7 @@ impl Actor {
             permits: Semaphore::new(self.manifest.limits.max_concurrent_calls),
             since: Instant::now(),
             timeouts_in_a_row: std::sync::atomic::AtomicU32::new(0),
+            answers: std::sync::atomic::AtomicU64::new(0),
             max_timeouts_in_a_row: self.manifest.limits.max_timeouts_in_a_row,
             wedged: tokio::sync::Notify::new(),
         });

@@ -99,6 +99,9 @@ struct Serving {
     since: Instant,
     /// Calls that ran past their deadline since the last answered one.
     timeouts_in_a_row: std::sync::atomic::AtomicU32,
+    /// Calls it answered, to tell a child that answers slowly from one that
+    /// answers nothing.
+    answers: AtomicU64,
     /// `max_timeouts_in_a_row`: this many in a row and the child is wedged.
     max_timeouts_in_a_row: u32,
     /// Tells the actor the child is wedged: it kills and restarts it.
@@ -106,6 +109,12 @@ struct Serving {
 }
 
 impl Serving {
+    /// The child answered a call: it is not wedged.
+    fn answered(&self) {
+        self.answers.fetch_add(1, Ordering::Relaxed);
+        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
+    }
+
     /// A call timed out on this child, or waiting for one of its slots: the
     /// `max_timeouts_in_a_row`-th in a row (no answer between) wedges it.
     fn timed_out(&self) {
@@ -392,7 +401,7 @@ impl ToolboxHandle {
                 .await;
             return match outcome {
                 Ok(result) => {
-                    serving.timeouts_in_a_row.store(0, Ordering::Relaxed);
+                    serving.answered();
                     Ok(result)
                 }
                 Err(RpcFailure::TimedOut) => {
@@ -400,7 +409,7 @@ impl ToolboxHandle {
                     Err(CallError::Timeout(limit))
                 }
                 Err(RpcFailure::Rpc(e)) => {
-                    serving.timeouts_in_a_row.store(0, Ordering::Relaxed);
+                    serving.answered();
                     Err(CallError::Rpc(e))
                 }
                 Err(RpcFailure::Exited(exit)) => Err(CallError::Exited(exit)),
@@ -422,6 +431,7 @@ impl ToolboxHandle {
             };
             // A closed semaphore means this child was swapped out or stopped
             // while we queued: look for the serving child again.
+            let answers_before = serving.answers.load(Ordering::Relaxed);
             let acquired = tokio::time::timeout_at(deadline, serving.permits.acquire())
                 .await
                 .map(|permit| permit.map(|p| p.forget()));
@@ -429,10 +439,13 @@ impl ToolboxHandle {
                 // Given back by SlotHold's drop.
                 Ok(Ok(())) => return Ok(SlotHold(serving)),
                 Ok(Err(_closed)) => continue,
-                // Every slot stayed taken for the whole deadline: the child
-                // answered nothing in that time.
+                // Every slot stayed taken for the whole wait. Only if the
+                // child answered nothing in that time does it count against
+                // it: a busy child that answers is not wedged.
                 Err(_) => {
-                    serving.timed_out();
+                    if serving.answers.load(Ordering::Relaxed) == answers_before {
+                        serving.timed_out();
+                    }
                     return Err(None);
                 }
             }
