@@ -60,3 +60,30 @@ pub fn read_small_regular(path: &Path, max: u64) -> Result<String, ReadError> {
     }
     Ok(text)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_up_to_the_limit_whole_and_refuses_more() {
+        let dir = std::env::temp_dir().join(format!("toolboxd-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        std::fs::write(&path, "abcdefgh").unwrap();
+        assert_eq!(read_small_regular(&path, 8).unwrap(), "abcdefgh");
+        assert!(matches!(
+            read_small_regular(&path, 7),
+            Err(ReadError::TooLarge(7))
+        ));
+        assert!(matches!(
+            read_small_regular(&dir, 8),
+            Err(ReadError::NotRegular("a directory"))
+        ));
+        assert!(matches!(
+            read_small_regular(&dir.join("nope"), 8),
+            Err(ReadError::NotFound)
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
