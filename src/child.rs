@@ -645,6 +645,7 @@ async fn read_stdout(
     let mut line = Vec::new();
     let mut junk_logged = false;
     let mut unknown_logged = false;
+    let mut messages = LogBudget::new(MESSAGES_PER_SECOND);
     let why = loop {
         match read_line_bounded(&mut reader, &mut line, max).await {
             Ok(true) => {}
@@ -708,7 +709,14 @@ async fn read_stdout(
                 "notifications/tools/list_changed" => {
                     let _ = events.send(ChildEvent::ToolsChanged);
                 }
-                "notifications/message" => log_child_message(toolbox, pid, &params),
+                "notifications/message" => {
+                    if let Some(dropped) = messages.take() {
+                        if dropped > 0 {
+                            tracing::warn!(toolbox, pid, dropped, "child log messages not logged (more than {MESSAGES_PER_SECOND} a second)");
+                        }
+                        log_child_message(toolbox, pid, &params);
+                    }
+                }
                 _ => tracing::trace!(toolbox, pid, %method, "notification ignored"),
             },
             Err(FrameError::Unusable(why)) => break format!("the child sent {why}"),
@@ -754,16 +762,72 @@ fn cut_off(link: &Link, why: String) {
     );
 }
 
+/// `notifications/message` logged per second per child; the rest are counted.
+const MESSAGES_PER_SECOND: u32 = 100;
+
+/// A per-second budget of log lines from one source outside the daemon.
+struct LogBudget {
+    /// Lines allowed per second.
+    per_second: u32,
+    /// When the current second began.
+    since: std::time::Instant,
+    /// Lines logged in it.
+    used: u32,
+    /// Lines not logged since the last report.
+    dropped: u64,
+}
+
+impl LogBudget {
+    fn new(per_second: u32) -> LogBudget {
+        LogBudget {
+            per_second,
+            since: std::time::Instant::now(),
+            used: 0,
+            dropped: 0,
+        }
+    }
+
+    /// `Some(dropped before this one)` when this line may be logged (then say
+    /// how many were dropped, if any), `None` when it is over the budget.
+    fn take(&mut self) -> Option<u64> {
+        if self.since.elapsed() >= Duration::from_secs(1) {
+            self.since = std::time::Instant::now();
+            self.used = 0;
+        }
+        if self.used >= self.per_second {
+            self.dropped += 1;
+            return None;
+        }
+        self.used += 1;
+        Some(std::mem::take(&mut self.dropped))
+    }
+}
+
+/// Text from outside made safe for one log line: control characters (a
+/// newline could forge a log line; escapes could move a terminal's cursor)
+/// escaped, and cut at [`STDERR_LINE_MAX`] characters.
+pub fn sanitize(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(STDERR_LINE_MAX));
+    for c in text.chars().take(STDERR_LINE_MAX) {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn log_child_message(toolbox: &str, pid: u32, params: &Value) {
     let level = params
         .get("level")
         .and_then(Value::as_str)
         .unwrap_or("info");
     let data = params.get("data").cloned().unwrap_or(Value::Null);
-    let text = match &data {
+    let text = sanitize(&match &data {
         Value::String(s) => s.clone(),
         other => other.to_string(),
-    };
+    });
     match level {
         "debug" => tracing::debug!(toolbox, pid, "{text}"),
         "info" | "notice" => tracing::info!(toolbox, pid, "{text}"),
@@ -814,7 +878,8 @@ async fn forward_stderr(
             skip_rest_of_line(&mut reader).await;
         }
         let text = String::from_utf8_lossy(&line);
-        let text = text.trim_end();
+        let text = sanitize(text.trim_end());
+        let text = text.as_str();
         if text.is_empty() {
             continue;
         }
@@ -872,5 +937,28 @@ async fn skip_rest_of_line<R: AsyncRead + Unpin>(reader: &mut BufReader<R>) {
             Ok(_) if rest.last() == Some(&b'\n') => return,
             Ok(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outside_text_cannot_forge_a_log_line() {
+        assert_eq!(sanitize("a\nb\r\u{1b}[2J"), "a\\nb\\r\\u{1b}[2J");
+        assert_eq!(sanitize("plain é"), "plain é");
+        assert_eq!(sanitize(&"x".repeat(10_000)).len(), STDERR_LINE_MAX);
+    }
+
+    #[test]
+    fn the_log_budget_counts_what_it_drops() {
+        let mut budget = LogBudget::new(2);
+        assert_eq!(budget.take(), Some(0));
+        assert_eq!(budget.take(), Some(0));
+        assert_eq!(budget.take(), None);
+        assert_eq!(budget.take(), None);
+        budget.since -= Duration::from_secs(1);
+        assert_eq!(budget.take(), Some(2));
     }
 }

@@ -464,3 +464,51 @@ fn the_daemons_loop_never_waits_on_a_toolbox() {
     );
     assert_eq!(daemon.status("faulty")["state"], "stopped");
 }
+
+#[tokio::test]
+async fn a_childs_log_messages_are_rate_limited_and_cannot_forge_lines() {
+    // 200k notifications/message were all logged, and a newline in one
+    // forged a log line of its own.
+    let dir = TempDir::new("log-spam");
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\n",
+            repo("tests/fixtures/faulty_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let started = std::time::Instant::now();
+    let r = bus.call("faulty", "spam_log", json!({"count": 5000})).await;
+    assert_eq!(r["result"], json!({"ok": true}), "{r}");
+    // The messages reach the daemon before the answer (one stdout, in order).
+    let logged = daemon.log_lines_with("spam ");
+    let seconds = started.elapsed().as_secs() + 2;
+    assert!(
+        !logged.is_empty() && logged.len() as u64 <= 100 * seconds,
+        "{} of 5000 logged in under {seconds} s",
+        logged.len()
+    );
+    for line in &logged {
+        let message = line["message"].as_str().unwrap();
+        assert!(!message.contains('\n'), "{message:?}");
+        assert!(message.contains("\\nFORGED"), "{message:?}");
+    }
+    // What was dropped is counted with the next message the budget allows
+    // (in a later second).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while daemon
+        .log_lines_with("child log messages not logged")
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the drops were never counted"
+        );
+        let r = bus.call("faulty", "spam_log", json!({"count": 1})).await;
+        assert_eq!(r["result"], json!({"ok": true}));
+    }
+    let report = &daemon.log_lines_with("child log messages not logged")[0];
+    assert!(report["dropped"].as_u64().unwrap() >= 4000, "{report}");
+}
