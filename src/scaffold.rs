@@ -35,16 +35,36 @@ pub enum ScaffoldError {
 
 /// Writes `DIR/NAME.toml` and the toolbox in `DIR/NAME/`; returns the files written.
 pub fn new_toolbox(name: &str, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, ScaffoldError> {
-    if !valid_id(name) {
+    if !valid_id(name) || name.len() > MAX_NAME {
         return Err(ScaffoldError::BadName(name.to_owned()));
     }
     let manifest = dir.join(format!("{name}.toml"));
     let code_dir = dir.join(name);
     for path in [&manifest, &code_dir] {
-        if path.exists() {
+        // symlink_metadata: a dangling symlink counts as existing (it would
+        // otherwise be written through, outside DIR).
+        if std::fs::symlink_metadata(path).is_ok() {
             return Err(ScaffoldError::Exists(path.clone()));
         }
     }
+    let written = write_toolbox(name, lang, &manifest, &code_dir);
+    if written.is_err() {
+        // Leave nothing half-made that would block the retry.
+        let _ = std::fs::remove_file(&manifest);
+        let _ = std::fs::remove_dir_all(&code_dir);
+    }
+    written
+}
+
+/// The longest name `new` takes (its files must fit a file name).
+const MAX_NAME: usize = 64;
+
+fn write_toolbox(
+    name: &str,
+    lang: Lang,
+    manifest: &Path,
+    code_dir: &Path,
+) -> Result<Vec<PathBuf>, ScaffoldError> {
     let (script, template, manifest_text) = match lang {
         Lang::Python => (
             format!("{name}.py"),
@@ -66,15 +86,22 @@ pub fn new_toolbox(name: &str, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, S
     };
     let mut written = Vec::new();
     let write = |path: PathBuf, text: &str, written: &mut Vec<PathBuf>| {
-        std::fs::write(&path, text).map_err(|source| ScaffoldError::Write {
-            path: path.clone(),
-            source,
-        })?;
+        use std::io::Write;
+        // create_new: never through a symlink, never over a file.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|mut file| file.write_all(text.as_bytes()))
+            .map_err(|source| ScaffoldError::Write {
+                path: path.clone(),
+                source,
+            })?;
         written.push(path);
         Ok::<_, ScaffoldError>(())
     };
-    std::fs::create_dir_all(&code_dir).map_err(|source| ScaffoldError::Write {
-        path: code_dir.clone(),
+    std::fs::create_dir(code_dir).map_err(|source| ScaffoldError::Write {
+        path: code_dir.to_owned(),
         source,
     })?;
     let script_path = code_dir.join(&script);
@@ -87,7 +114,7 @@ pub fn new_toolbox(name: &str, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, S
     if lang == Lang::Python {
         write(code_dir.join("mcp_toolbox.py"), PYTHON_HELPER, &mut written)?;
     }
-    write(manifest, &manifest_text, &mut written)?;
+    write(manifest.to_owned(), &manifest_text, &mut written)?;
     Ok(written)
 }
 

@@ -512,3 +512,39 @@ async fn a_childs_log_messages_are_rate_limited_and_cannot_forge_lines() {
     let report = &daemon.log_lines_with("child log messages not logged")[0];
     assert!(report["dropped"].as_u64().unwrap() >= 4000, "{report}");
 }
+
+#[test]
+fn new_never_writes_through_a_symlink_or_leaves_half_a_toolbox() {
+    let dir = TempDir::new("new-hostile");
+    let outside = TempDir::new("new-outside");
+    let target = outside.path().join("planted.toml");
+    // DIR/NAME.toml is a dangling symlink pointing outside DIR.
+    std::os::unix::fs::symlink(&target, dir.path().join("evil.toml")).unwrap();
+    let new = |name: &str| {
+        common::output_within(
+            Command::new(BIN).args(["new", name, "--dir", dir.path().to_str().unwrap()]),
+            common::ANSWER_DEADLINE,
+        )
+    };
+    let out = new("evil");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already exists"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!target.exists(), "written through the link");
+    // A name too long for its files: refused, nothing left behind, and a
+    // valid name afterwards works.
+    let long = "a".repeat(251);
+    let out = new(&long);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(!dir.path().join(&long).exists());
+    let out = new("fine");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.path().join("fine.toml").is_file());
+}
