@@ -356,6 +356,44 @@ pub struct SpawnError {
     source: std::io::Error,
 }
 
+/// The manifest's command, with piped stdio, in a process group of its own,
+/// with a parent-death signal, entering the cgroup whose `cgroup.procs` is
+/// `enter` (if any) before it runs.
+fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
+    let parent = std::process::id();
+    let mut cmd = Command::new(&manifest.program);
+    cmd.args(&manifest.args)
+        .current_dir(&manifest.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if manifest.env_clear {
+        cmd.env_clear();
+    }
+    cmd.envs(&manifest.env);
+    // SAFETY: the closure runs between fork and exec and calls only
+    // async-signal-safe functions (prctl, getppid, _exit, open, write, close).
+    unsafe {
+        cmd.pre_exec(move || {
+            // Die with the daemon. The signal fires when the *thread* that
+            // forked exits; children are spawned from the runtime's one
+            // thread, which lives as long as the daemon.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            if let Some(enter) = &enter {
+                crate::cgroup::enter(enter)?;
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
 /// A running child process. Dropping it kills the process group.
 pub struct Child {
     /// Process id (and process group id).
@@ -376,10 +414,9 @@ impl Child {
     pub fn spawn(
         manifest: &Manifest,
     ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
-        let parent = std::process::id();
         // The keeper must exist before the child does (it is started once).
         let keeper = crate::keeper::Keeper::get();
-        let cgroup = crate::cgroup::Cgroups::get().and_then(|cgroups| {
+        let mut cgroup = crate::cgroup::Cgroups::get().and_then(|cgroups| {
             cgroups
                 .new_child(&manifest.id)
                 .map_err(|e| {
@@ -388,40 +425,26 @@ impl Child {
                 .ok()
         });
         let enter = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
-        let mut cmd = Command::new(&manifest.program);
-        cmd.args(&manifest.args)
-            .current_dir(&manifest.cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        if manifest.env_clear {
-            cmd.env_clear();
-        }
-        cmd.envs(&manifest.env);
-        // SAFETY: the closure runs between fork and exec and calls only
-        // async-signal-safe functions (prctl, getppid, _exit, open, write, close).
-        unsafe {
-            cmd.pre_exec(move || {
-                // Die with the daemon. The signal fires when the *thread* that
-                // forked exits; children are spawned from the runtime's one
-                // thread, which lives as long as the daemon.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::getppid() as u32 != parent {
-                    libc::_exit(1);
-                }
-                if let Some(enter) = &enter {
-                    crate::cgroup::enter(enter)?;
-                }
-                Ok(())
-            });
-        }
-        let mut process = cmd.spawn().map_err(|source| SpawnError {
+        let spawn_error = |source| SpawnError {
             program: manifest.program.display().to_string(),
             source,
-        })?;
+        };
+        let mut process = match command(manifest, enter).spawn() {
+            Ok(process) => process,
+            // The move into the cgroup may be what failed (a parent cgroup
+            // that refuses it): try once without, and say so if that works.
+            Err(first) if cgroup.is_some() => {
+                let process = command(manifest, None).spawn().map_err(spawn_error)?;
+                tracing::warn!(
+                    toolbox = %manifest.id,
+                    "started the child without its cgroup ({first}): what it starts may \
+                     outlive its stop if it leaves its process group"
+                );
+                cgroup = None;
+                process
+            }
+            Err(e) => return Err(spawn_error(e)),
+        };
         if let (Some(keeper), Some(pid)) = (keeper, process.id()) {
             keeper.watch(pid);
         }
