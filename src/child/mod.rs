@@ -1,0 +1,310 @@
+//! One child process: spawn, exit, signals, and the tasks that serve it.
+//!
+//! A [`Child`] owns the process. Four small tasks serve it: a writer that owns
+//! stdin and a reader that owns stdout ([`rpc`]: JSON-RPC framing and request
+//! multiplexing), a stderr forwarder ([`logs`]), and a reaper that waits for
+//! the exit and fails every call still in flight with the exit status.
+//! Dropping the `Child` kills its whole process group and, where the kernel
+//! allows, its cgroup ([`crate::cgroup`]: every process it started, `setsid`
+//! ones too), so nothing leaks. The process also gets a parent-death signal,
+//! and the daemon's keeper ([`crate::keeper`]) kills its group and cgroup if
+//! toolboxd is killed outright.
+
+mod logs;
+mod rpc;
+
+pub use rpc::{RpcFailure, RpcHandle};
+
+use std::fmt;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
+use tokio::sync::{mpsc, watch};
+
+use crate::manifest::Manifest;
+use logs::{forward_stderr, StderrTail};
+use rpc::{read_stdout, write_stdin, Link};
+
+/// How a child process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitInfo {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+}
+
+impl ExitInfo {
+    /// Whether the exit counts as a failure for `restart.policy = "on-failure"`.
+    pub fn is_failure(self) -> bool {
+        self != ExitInfo::Code(0)
+    }
+}
+
+impl fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitInfo::Code(c) => write!(f, "code {c}"),
+            ExitInfo::Signal(s) => write!(f, "signal {s}"),
+        }
+    }
+}
+
+impl From<std::process::ExitStatus> for ExitInfo {
+    fn from(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ExitInfo::Code(code),
+            (None, Some(signal)) => ExitInfo::Signal(signal),
+            (None, None) => ExitInfo::Code(-1),
+        }
+    }
+}
+
+/// Something the child told us that its owner must act on.
+#[derive(Debug)]
+pub enum ChildEvent {
+    /// `notifications/tools/list_changed`.
+    ToolsChanged,
+}
+
+/// Spawning a child failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start {program}: {source}; check the manifest's command and that it is executable")]
+pub struct SpawnError {
+    program: String,
+    source: std::io::Error,
+}
+
+/// The manifest's command, with piped stdio, in a process group of its own,
+/// with a parent-death signal, entering the cgroup whose `cgroup.procs` is
+/// `enter` (if any) before it runs.
+fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
+    let parent = std::process::id();
+    let mut cmd = Command::new(&manifest.program);
+    cmd.args(&manifest.args)
+        .current_dir(&manifest.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    if manifest.env_clear {
+        cmd.env_clear();
+    }
+    cmd.envs(&manifest.env);
+    // SAFETY: the closure runs between fork and exec and calls only
+    // async-signal-safe functions (prctl, getppid, _exit, open, write, close).
+    unsafe {
+        cmd.pre_exec(move || {
+            // Die with the daemon. The signal fires when the *thread* that
+            // forked exits; children are spawned from the runtime's one
+            // thread, which lives as long as the daemon.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent {
+                libc::_exit(1);
+            }
+            if let Some(enter) = &enter {
+                crate::cgroup::enter(enter)?;
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// A running child process. Dropping it kills the process group.
+pub struct Child {
+    /// Process id (and process group id).
+    pid: u32,
+    /// Sends requests to the child.
+    rpc: RpcHandle,
+    /// Becomes `Some` when the process has exited and been reaped.
+    exit: watch::Receiver<Option<ExitInfo>>,
+    /// The last stderr lines, for the log line that reports a failure.
+    stderr_tail: StderrTail,
+    /// Its cgroup, where cgroups are used: killed and removed with the child.
+    cgroup: Option<crate::cgroup::Cgroup>,
+}
+
+impl Child {
+    /// Spawns the manifest's command with piped stdio, in its own process group.
+    /// Returns the child and the receiver of its events (closed when it exits).
+    pub fn spawn(
+        manifest: &Manifest,
+    ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
+        // The keeper must exist before the child does (it is started once).
+        let keeper = crate::keeper::Keeper::get();
+        let mut cgroup = crate::cgroup::Cgroups::get().and_then(|cgroups| {
+            cgroups
+                .new_child(&manifest.id)
+                .map_err(|e| {
+                    tracing::warn!(toolbox = %manifest.id, "cannot create a cgroup for the child: {e}")
+                })
+                .ok()
+        });
+        let enter = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
+        let spawn_error = |source| SpawnError {
+            program: manifest.program.display().to_string(),
+            source,
+        };
+        let mut process = match command(manifest, enter).spawn() {
+            Ok(process) => process,
+            // The move into the cgroup may be what failed (a parent cgroup
+            // that refuses it): try once without, and say so if that works.
+            Err(first) if cgroup.is_some() => {
+                let process = command(manifest, None).spawn().map_err(spawn_error)?;
+                tracing::warn!(
+                    toolbox = %manifest.id,
+                    "started the child without its cgroup ({first}): what it starts may \
+                     outlive its stop if it leaves its process group"
+                );
+                cgroup = None;
+                process
+            }
+            Err(e) => return Err(spawn_error(e)),
+        };
+        if let (Some(keeper), Some(pid)) = (keeper, process.id()) {
+            keeper.watch(pid);
+        }
+        // invariant: all three pipes were requested above and not yet taken.
+        let (Some(stdin), Some(stdout), Some(stderr), Some(pid)) = (
+            process.stdin.take(),
+            process.stdout.take(),
+            process.stderr.take(),
+            process.id(),
+        ) else {
+            return Err(SpawnError {
+                program: manifest.program.display().to_string(),
+                source: std::io::Error::other("the child's pipes or pid are missing"),
+            });
+        };
+
+        let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
+        let (link, queued) = Link::new(
+            manifest.id.clone(),
+            pid,
+            stdin_tx,
+            manifest.limits.max_message_bytes,
+        );
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let (exit_tx, exit_rx) = watch::channel(None);
+
+        tokio::spawn(write_stdin(stdin, stdin_rx, queued));
+        tokio::spawn(read_stdout(
+            link.clone(),
+            stdout,
+            manifest.limits.max_message_bytes,
+            events_tx,
+            exit_rx.clone(),
+        ));
+        let stderr_tail = StderrTail::default();
+        tokio::spawn(forward_stderr(
+            manifest.id.clone(),
+            pid,
+            stderr,
+            stderr_tail.clone(),
+        ));
+        let reaper_link = link.clone();
+        tokio::spawn(async move {
+            let exit = match process.wait().await {
+                Ok(status) => ExitInfo::from(status),
+                Err(e) => {
+                    tracing::error!(toolbox = %reaper_link.toolbox, pid, "cannot wait for the child: {e}");
+                    ExitInfo::Code(-1)
+                }
+            };
+            reaper_link.close(RpcFailure::Exited(exit));
+            let _ = exit_tx.send(Some(exit));
+        });
+
+        Ok((
+            Child {
+                pid,
+                rpc: RpcHandle { link },
+                exit: exit_rx,
+                stderr_tail,
+                cgroup,
+            },
+            events_rx,
+        ))
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// A handle for requests to this child.
+    pub fn rpc(&self) -> &RpcHandle {
+        &self.rpc
+    }
+
+    /// The last lines the child wrote to stderr, oldest first.
+    pub fn stderr_tail(&self) -> Vec<String> {
+        self.stderr_tail
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Waits until the process has exited and been reaped.
+    pub async fn exited(&self) -> ExitInfo {
+        let mut exit = self.exit.clone();
+        loop {
+            if let Some(info) = *exit.borrow_and_update() {
+                return info;
+            }
+            if exit.changed().await.is_err() {
+                // The reaper never drops its sender before sending.
+                return ExitInfo::Code(-1);
+            }
+        }
+    }
+
+    /// Sends `signal` to the child's whole process group.
+    pub fn signal_group(&self, signal: nix::sys::signal::Signal) {
+        let pgid = nix::unistd::Pid::from_raw(self.pid as i32);
+        let _ = nix::sys::signal::killpg(pgid, signal);
+    }
+
+    /// Stops the child: close stdin, wait `grace`, SIGTERM the group, wait
+    /// `grace`, SIGKILL the group. Returns how it exited.
+    pub async fn stop(&self, grace: Duration) -> ExitInfo {
+        use nix::sys::signal::Signal;
+        // Closing stdin is what MCP's stdio transport defines as "shut down".
+        self.rpc
+            .link
+            .close(RpcFailure::Broken("the toolbox is stopping".to_owned()));
+        let _ = self.rpc.link.stdin.send(Vec::new());
+        if let Ok(exit) = tokio::time::timeout(grace, self.exited()).await {
+            self.signal_group(Signal::SIGKILL); // leftovers in its group
+            return exit;
+        }
+        self.signal_group(Signal::SIGTERM);
+        if let Ok(exit) = tokio::time::timeout(grace, self.exited()).await {
+            self.signal_group(Signal::SIGKILL);
+            return exit;
+        }
+        self.signal_group(Signal::SIGKILL);
+        self.exited().await
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        // The group id stays reserved while any member lives, so this can only
+        // reach this child's own leftovers (or nothing).
+        self.signal_group(nix::sys::signal::Signal::SIGKILL);
+        if let Some(cgroup) = self.cgroup.take() {
+            cgroup.kill_and_remove();
+        }
+        if let Some(keeper) = crate::keeper::Keeper::get() {
+            keeper.forget(self.pid);
+        }
+    }
+}

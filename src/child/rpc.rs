@@ -1,0 +1,516 @@
+//! A child's JSON-RPC: requests multiplexed by id over its stdin and stdout,
+//! lines bounded in length, what waits for stdin bounded in bytes, and a child
+//! that breaks the protocol cut off.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::process::ChildStdin;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::logs::{log_child_message, LogBudget, MESSAGES_PER_SECOND};
+use super::{ChildEvent, ExitInfo};
+use crate::mcp::{self, FrameError, Incoming, RpcError};
+
+/// Why a request to a child got no result.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RpcFailure {
+    /// The child answered with a JSON-RPC error.
+    #[error("{}", .0.message)]
+    Rpc(RpcError),
+    /// The process ended before answering.
+    #[error("exited ({0})")]
+    Exited(ExitInfo),
+    /// The child broke the protocol and is being killed.
+    #[error("broke the protocol: {0}")]
+    Broken(String),
+    /// The deadline passed first; the child was told to cancel.
+    #[error("did not answer in time")]
+    TimedOut,
+}
+
+/// What waits for the answer to one request.
+enum Waiter {
+    /// A caller.
+    Caller(oneshot::Sender<Result<Value, RpcFailure>>),
+    /// Nobody any more (its deadline passed), but this stays held — a call
+    /// slot, say — until the child answers or is gone: the child is still
+    /// working on the request.
+    Abandoned(#[allow(dead_code)] Box<dyn Send>),
+}
+
+/// Requests waiting for their answer, by request id.
+type Pending = HashMap<u64, Waiter>;
+
+/// The state shared by a child's tasks and its callers.
+pub(super) struct Link {
+    /// The toolbox this child serves, for every log line.
+    pub(super) toolbox: String,
+    /// The process id, for every log line.
+    pid: u32,
+    /// Next JSON-RPC request id.
+    next_id: AtomicU64,
+    /// Callers waiting for answers. A plain mutex: it is held only to insert or
+    /// remove one entry, never across an await.
+    pending: Mutex<Pending>,
+    /// Set once the child is gone (or broken): new requests fail at once with it.
+    closed: Mutex<Option<RpcFailure>>,
+    /// Lines for the writer task, which owns stdin. Always sent through
+    /// [`Link::send`], which keeps them within `stdin_budget`.
+    pub(super) stdin: mpsc::UnboundedSender<Vec<u8>>,
+    /// Bytes queued for stdin and not yet written: a child that stops reading
+    /// makes this grow.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// The most bytes that may wait for stdin (`max_message_bytes`); past it
+    /// the child is cut off and restarted, so it cannot make the daemon hold
+    /// unbounded memory.
+    stdin_budget: usize,
+    /// Why the child was cut off for breaking the protocol, once it was
+    /// (kept apart from `closed`, which its exit status later replaces).
+    cut: std::sync::OnceLock<String>,
+}
+
+impl Link {
+    /// The link of child `pid` of `toolbox`, whose stdin lines go to
+    /// `stdin` within `stdin_budget` bytes; also the count of queued bytes,
+    /// for the writer to lower.
+    pub(super) fn new(
+        toolbox: String,
+        pid: u32,
+        stdin: mpsc::UnboundedSender<Vec<u8>>,
+        stdin_budget: usize,
+    ) -> (Arc<Link>, Arc<std::sync::atomic::AtomicUsize>) {
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let link = Arc::new(Link {
+            toolbox,
+            pid,
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            closed: Mutex::new(None),
+            stdin,
+            queued: queued.clone(),
+            stdin_budget,
+            cut: std::sync::OnceLock::new(),
+        });
+        (link, queued)
+    }
+
+    /// Queues a line for the child's stdin, within the budget. Past it the
+    /// child is cut off (every call on it fails, it is killed and restarted).
+    fn send(&self, line: Vec<u8>) {
+        let n = line.len();
+        if n > self.stdin_budget {
+            // One request too large for the child's stdin budget: it is not
+            // the child's fault. The caller of such a request is refused
+            // before it gets here (see `send_request`).
+            tracing::warn!(toolbox = %self.toolbox, pid = self.pid, bytes = n, "a line for the child is larger than max_message_bytes; not sent");
+            return;
+        }
+        let queued = self.queued.fetch_add(n, Ordering::Relaxed) + n;
+        if queued > self.stdin_budget {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            cut_off(
+                self,
+                format!(
+                    "the child does not read its stdin ({queued} bytes waiting, more than \
+                     max_message_bytes = {})",
+                    self.stdin_budget
+                ),
+            );
+            return;
+        }
+        if self.stdin.send(line).is_err() {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        // A panic while holding this lock would be a bug in a few lines of map
+        // code; the map itself stays consistent, so recover it rather than panic.
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Fails every pending call and every later one with `why`.
+    pub(super) fn close(&self, why: RpcFailure) {
+        {
+            let mut closed = self.closed.lock().unwrap_or_else(|e| e.into_inner());
+            // An exit status is more useful to callers than "broken": keep the
+            // exit once it is known.
+            if closed.is_none() || matches!(why, RpcFailure::Exited(_)) {
+                *closed = Some(why.clone());
+            }
+        }
+        let waiting: Vec<_> = self.lock_pending().drain().map(|(_, w)| w).collect();
+        for waiter in waiting {
+            if let Waiter::Caller(tx) = waiter {
+                let _ = tx.send(Err(why.clone()));
+            }
+        }
+    }
+}
+
+/// Removes a request from `pending` if its caller gives up (timeout or drop),
+/// and tells the child to cancel it.
+struct InFlight<'a> {
+    link: &'a Link,
+    id: u64,
+    done: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.done && self.link.lock_pending().remove(&self.id).is_some() {
+            let params = serde_json::json!({"requestId": self.id, "reason": "timed out"});
+            self.link
+                .send(mcp::notification_line("notifications/cancelled", &params));
+        }
+    }
+}
+
+/// A cheap handle for sending requests to one child; clone it freely.
+#[derive(Clone)]
+pub struct RpcHandle {
+    pub(super) link: Arc<Link>,
+}
+
+impl RpcHandle {
+    /// Sends a request and waits for its answer. Dropping the future (e.g. on a
+    /// timeout) withdraws the request and sends `notifications/cancelled`.
+    pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
+        let (_, rx, mut guard) = self.send_request(method, &params)?;
+        let answer = rx.await;
+        guard.done = true;
+        match answer {
+            Ok(result) => result,
+            Err(_) => Err(self.closed_reason()),
+        }
+    }
+
+    /// Sends a request and waits for its answer until `deadline`. Past it the
+    /// child gets `notifications/cancelled` and the caller `TimedOut` at once,
+    /// but `hold` stays held until the child answers anyway or is gone, so a
+    /// slot is free only when the child is really done with the request.
+    pub async fn request_until(
+        &self,
+        method: &str,
+        params: Value,
+        deadline: tokio::time::Instant,
+        hold: Box<dyn Send>,
+    ) -> Result<Value, RpcFailure> {
+        let link = &*self.link;
+        let (id, mut rx, mut guard) = self.send_request(method, &params)?;
+        let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                guard.done = true;
+                let abandoned = match link.lock_pending().get_mut(&id) {
+                    Some(waiter) => {
+                        *waiter = Waiter::Abandoned(hold);
+                        true
+                    }
+                    None => false,
+                };
+                if abandoned {
+                    let params = serde_json::json!({"requestId": id, "reason": "timed out"});
+                    link.send(mcp::notification_line("notifications/cancelled", &params));
+                    return Err(RpcFailure::TimedOut);
+                }
+                // Answered (or closed) just as the deadline passed: take that.
+                rx.await
+            }
+        };
+        guard.done = true;
+        match answer {
+            Ok(result) => result,
+            Err(_) => Err(self.closed_reason()),
+        }
+    }
+
+    /// Registers a request and sends it: its id, where its answer will come,
+    /// and the guard that withdraws it if the caller gives up. If the writer
+    /// is gone the child is dying: the request stays pending and the reaper
+    /// answers it with the exit status, like every other.
+    #[allow(clippy::type_complexity)]
+    fn send_request(
+        &self,
+        method: &str,
+        params: &Value,
+    ) -> Result<
+        (
+            u64,
+            oneshot::Receiver<Result<Value, RpcFailure>>,
+            InFlight<'_>,
+        ),
+        RpcFailure,
+    > {
+        let link = &*self.link;
+        let id = link.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let closed = link.closed.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(why) = closed.as_ref() {
+                return Err(why.clone());
+            }
+            let line = mcp::request_line(id, method, params);
+            if line.len() > link.stdin_budget {
+                return Err(RpcFailure::Broken(format!(
+                    "the request is {} bytes, more than max_message_bytes ({}); the child was \
+                     not sent it",
+                    line.len(),
+                    link.stdin_budget
+                )));
+            }
+            link.lock_pending().insert(id, Waiter::Caller(tx));
+            drop(closed);
+            link.send(line);
+        }
+        Ok((
+            id,
+            rx,
+            InFlight {
+                link,
+                id,
+                done: false,
+            },
+        ))
+    }
+
+    /// Sends a notification; a child that is gone is not an error here.
+    pub fn notify(&self, method: &str, params: Value) {
+        self.link.send(mcp::notification_line(method, &params));
+    }
+
+    /// Why the child was cut off, if it broke the protocol (a bad stdout
+    /// line, an unread stdin): for the words that report its exit.
+    pub fn broken_because(&self) -> Option<String> {
+        self.link.cut.get().cloned()
+    }
+
+    /// The toolbox this child belongs to and its pid, for log lines.
+    pub fn owner(&self) -> (&str, u32) {
+        (&self.link.toolbox, self.link.pid)
+    }
+
+    /// Whether the child is gone (exited, broken or stopping): a request now
+    /// would fail at once without reaching it.
+    pub fn is_closed(&self) -> bool {
+        self.link
+            .closed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Requests waiting for an answer right now.
+    pub fn in_flight(&self) -> usize {
+        self.link.lock_pending().len()
+    }
+
+    fn closed_reason(&self) -> RpcFailure {
+        self.link
+            .closed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or(RpcFailure::Broken("the child's pipes closed".to_owned()))
+    }
+}
+
+/// How long a child whose stdout closed may take to exit before it counts as
+/// broken.
+const EXIT_AFTER_EOF: Duration = Duration::from_secs(2);
+
+/// Owns stdin: writes each line, flushing when no more are queued. An empty
+/// line is the request to close stdin.
+pub(super) async fn write_stdin(
+    stdin: ChildStdin,
+    mut lines: mpsc::UnboundedReceiver<Vec<u8>>,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let mut stdin = tokio::io::BufWriter::new(stdin);
+    while let Some(line) = lines.recv().await {
+        if line.is_empty() {
+            break;
+        }
+        let written = stdin.write_all(&line).await;
+        queued.fetch_sub(line.len(), Ordering::Relaxed);
+        if written.is_err() {
+            return;
+        }
+        if lines.is_empty() && stdin.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = stdin.flush().await;
+    let _ = stdin.shutdown().await;
+}
+
+/// Reads one `\n`-terminated line of at most `max` bytes into `buf` (without the
+/// newline). `Ok(false)` at end of stream.
+async fn read_line_bounded<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> Result<bool, String> {
+    buf.clear();
+    loop {
+        let available = reader
+            .fill_buf()
+            .await
+            .map_err(|e| format!("read failed: {e}"))?;
+        if available.is_empty() {
+            return Ok(!buf.is_empty());
+        }
+        let (chunk, found) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (&available[..i], Some(i + 1)),
+            None => (available, None),
+        };
+        if buf.len() + chunk.len() > max {
+            return Err(format!(
+                "a stdout line is longer than max_message_bytes ({max})"
+            ));
+        }
+        buf.extend_from_slice(chunk);
+        let used = found.unwrap_or(chunk.len());
+        reader.consume(used);
+        if found.is_some() {
+            return Ok(true);
+        }
+    }
+}
+
+/// Owns stdout: routes responses to callers, answers the child's requests,
+/// forwards notifications. A protocol break closes the link and kills the child.
+pub(super) async fn read_stdout(
+    link: Arc<Link>,
+    stdout: tokio::process::ChildStdout,
+    max: usize,
+    events: mpsc::UnboundedSender<ChildEvent>,
+    mut exit: watch::Receiver<Option<ExitInfo>>,
+) {
+    let toolbox = link.toolbox.as_str();
+    let pid = link.pid;
+    let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+    let mut line = Vec::new();
+    let mut junk_logged = false;
+    let mut unknown_logged = false;
+    let mut messages = LogBudget::new(MESSAGES_PER_SECOND);
+    let why = loop {
+        match read_line_bounded(&mut reader, &mut line, max).await {
+            Ok(true) => {}
+            Ok(false) => {
+                // Usually the process is exiting: let the reaper report the
+                // exit status to the callers rather than a closed pipe.
+                let exited = exit.wait_for(|e| e.is_some());
+                if tokio::time::timeout(EXIT_AFTER_EOF, exited).await.is_ok() {
+                    return;
+                }
+                break "the child closed its stdout but kept running".to_owned();
+            }
+            Err(e) => break e,
+        }
+        let trimmed = line.trim_ascii();
+        if trimmed.is_empty() {
+            continue;
+        }
+        match mcp::parse_line(trimmed) {
+            Ok(Incoming::Response { id, result }) => {
+                let waiter = id.and_then(|id| link.lock_pending().remove(&id));
+                match waiter {
+                    Some(Waiter::Caller(tx)) => {
+                        let _ = tx.send(result.map_err(RpcFailure::Rpc));
+                    }
+                    // The late answer to a call past its deadline: what it
+                    // held (its slot) is released now.
+                    Some(Waiter::Abandoned(_)) => {
+                        tracing::debug!(
+                            toolbox,
+                            pid,
+                            ?id,
+                            "late answer to a call past its deadline"
+                        );
+                    }
+                    // A late answer to a call that timed out lands here too.
+                    None if !unknown_logged => {
+                        unknown_logged = true;
+                        tracing::warn!(toolbox, pid, ?id, "ignoring a response to an unknown or withdrawn request id (further ones are logged at debug)");
+                    }
+                    None => tracing::debug!(
+                        toolbox,
+                        pid,
+                        ?id,
+                        "ignoring a response to an unknown or withdrawn request id"
+                    ),
+                }
+            }
+            Ok(Incoming::Request { id, method, .. }) => {
+                // toolboxd declares no client capabilities; answer at once so
+                // the child never waits on us.
+                let answer = if method == "ping" {
+                    Ok(serde_json::json!({}))
+                } else {
+                    tracing::debug!(toolbox, pid, %method, "child request refused: method not found");
+                    Err((mcp::METHOD_NOT_FOUND, "toolboxd does not offer this method"))
+                };
+                link.send(mcp::response_line(&id, answer));
+            }
+            Ok(Incoming::Notification { method, params }) => match method.as_str() {
+                "notifications/tools/list_changed" => {
+                    let _ = events.send(ChildEvent::ToolsChanged);
+                }
+                "notifications/message" => {
+                    if let Some(dropped) = messages.take() {
+                        if dropped > 0 {
+                            tracing::warn!(toolbox, pid, dropped, "child log messages not logged (more than {MESSAGES_PER_SECOND} a second)");
+                        }
+                        log_child_message(toolbox, pid, &params);
+                    }
+                }
+                _ => tracing::trace!(toolbox, pid, %method, "notification ignored"),
+            },
+            Err(FrameError::Unusable(why)) => break format!("the child sent {why}"),
+            Err(e) => {
+                if !junk_logged {
+                    junk_logged = true;
+                    tracing::warn!(
+                        toolbox,
+                        pid,
+                        "ignoring a stdout line that is {e} (further ones are logged at debug): {}",
+                        String::from_utf8_lossy(&trimmed[..trimmed.len().min(200)])
+                    );
+                } else {
+                    tracing::debug!(toolbox, pid, "ignoring a stdout line that is {e}");
+                }
+            }
+        }
+    };
+    // A child that closed stdout or broke framing cannot answer anything more.
+    cut_off(&link, why);
+}
+
+/// Ends a child that broke the protocol: every call on it fails with `why`,
+/// and its group is killed (its actor then restarts it). Said once.
+fn cut_off(link: &Link, why: String) {
+    let exited = matches!(
+        *link.closed.lock().unwrap_or_else(|e| e.into_inner()),
+        Some(RpcFailure::Exited(_))
+    );
+    // Once reaped, its pid may be another process's: never signal it then.
+    if exited || link.cut.set(why.clone()).is_err() {
+        return;
+    }
+    tracing::warn!(
+        toolbox = %link.toolbox,
+        pid = link.pid,
+        "{why}; stopping the child"
+    );
+    link.close(RpcFailure::Broken(why));
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(link.pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
