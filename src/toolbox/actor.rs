@@ -1,9 +1,10 @@
 //! The toolbox actor: where a child is started, probed, restarted after a
 //! crash (under [`super::restart`]), swapped in a rolling restart, and stopped.
 //!
-//! The actor runs a small state machine of [`Phase`]s; in every phase it keeps
-//! answering its mailbox, so an operator's command or a refresh never waits
-//! behind a backoff.
+//! The actor is one loop: it waits for the next [`Event`] (a command, the
+//! child's exit or news, a probe tick, a timer) and acts on it according to
+//! its [`Mode`]. Its mailbox is read in every mode, so an operator's command
+//! or a refresh never waits behind a backoff.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,30 +30,88 @@ type Reply = oneshot::Sender<Outcome>;
 
 /// What the actor publishes for the toolbox's handles.
 pub(super) struct Outbox {
-    /// Which child serves calls.
+    /// Which child serves calls (set only by [`Actor::show`]).
     pub(super) slot: watch::Sender<Slot>,
     /// How long calls may take (one sender shared by the replicas).
     pub(super) deadlines: Arc<watch::Sender<Arc<Deadlines>>>,
 }
 
-/// What the actor is doing.
-enum Phase {
-    /// Start a child; answer the operator's command, if any, once it serves or failed.
-    Start(Option<Reply>),
-    /// Wait out a backoff delay, then start.
-    Backoff(Duration),
-    /// Stopped or failed: wait for an operator, or until the failed cool-down ends.
-    Idle(Option<Duration>),
-    /// Every handle is gone.
-    Exit,
+/// What the actor is doing between events. The state status shows and the
+/// slot calls look for are both derived from it ([`Mode::view`], [`Actor::show`]).
+enum Mode {
+    /// A child serves calls.
+    Serving(Running),
+    /// The child went down; the next start is due at `until`.
+    Backoff {
+        /// When to start again.
+        until: tokio::time::Instant,
+        /// How the child ended, for status.
+        last_exit: String,
+    },
+    /// Failed: calls fail at once; started again by an operator, or at `retry`.
+    Failed {
+        /// Why, for status and callers.
+        reason: String,
+        /// When the failed cool-down ends (`None`: the policy never restarts).
+        retry: Option<tokio::time::Instant>,
+    },
+    /// Stopped by an operator or by `enabled = false`.
+    Stopped,
+}
+
+/// What callers and status are shown: a [`Mode`], or `Starting` while a child
+/// launches from stopped or failed.
+#[derive(Clone, Copy)]
+enum View<'a> {
+    Starting,
+    Serving(&'a Arc<Serving>),
+    Restarting(&'a str),
+    Failed(&'a str),
+    Stopped,
+}
+
+impl Mode {
+    fn view(&self) -> View<'_> {
+        match self {
+            Mode::Serving(running) => View::Serving(&running.serving),
+            Mode::Backoff { last_exit, .. } => View::Restarting(last_exit),
+            Mode::Failed { reason, .. } => View::Failed(reason),
+            Mode::Stopped => View::Stopped,
+        }
+    }
+}
+
+/// Something the actor acts on: the one input of its loop.
+enum Event {
+    /// An operator or the registry asks (`None`: every handle is gone).
+    Command(Option<Command>),
+    /// The serving child exited.
+    Exited(ExitInfo),
+    /// The serving child let too many calls in a row run past their deadline.
+    Wedged,
+    /// The serving child said something its owner acts on.
+    Child(ChildEvent),
+    /// Time for the serving child's liveness probe.
+    Probe,
+    /// The backoff delay or the failed cool-down is over.
+    Timer,
 }
 
 /// The child serving calls.
 struct Running {
     child: Child,
+    /// What the child tells its owner (tool list changes).
     events: mpsc::UnboundedReceiver<ChildEvent>,
+    /// What callers use to reach it.
     serving: Arc<Serving>,
+    /// When it started serving; a long run resets the backoff.
     started: Instant,
+    /// Liveness probe ticks (`probe_interval_s`).
+    probe: tokio::time::Interval,
+    /// Probes missed in a row.
+    missed: u32,
+    /// Why we killed the child, once we did: said with its exit.
+    killed_for: Option<String>,
 }
 
 /// A child that went down, as the restart policy and the failure report need it.
@@ -81,6 +140,15 @@ impl Down {
             text,
             stderr,
         }
+    }
+}
+
+/// Awaits `future` if there is one; otherwise never completes (a branch of
+/// the actor's `select!` that does not apply in the current mode).
+async fn or_never<F: std::future::Future>(future: Option<F>) -> F::Output {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
     }
 }
 
@@ -135,40 +203,216 @@ impl Actor {
         &self.manifest.id
     }
 
-    fn publish(&self, state: State, tools: Option<Arc<ToolSet>>) {
+    /// Publishes `view` to status (the state, with `tools` when they changed)
+    /// and to callers (the slot): the one place both are set.
+    fn show(&self, view: View<'_>, tools: Option<Arc<ToolSet>>) {
+        let (state, slot) = match view {
+            View::Starting => (State::Starting, Slot::Waiting),
+            View::Serving(serving) => (State::Ready, Slot::Serving(serving.clone())),
+            View::Restarting(last_exit) => (
+                State::Restarting {
+                    last_exit: last_exit.to_owned(),
+                },
+                Slot::Waiting,
+            ),
+            View::Failed(reason) => (
+                State::Failed {
+                    reason: reason.to_owned(),
+                },
+                Slot::Failed(reason.to_owned()),
+            ),
+            View::Stopped => (State::Stopped, Slot::Stopped),
+        };
         self.publisher.publish(self.index, state, tools);
+        let _ = self.out.slot.send(slot);
     }
 
-    fn set_stopped(&self) {
-        self.publish(State::Stopped, None);
-        let _ = self.out.slot.send(Slot::Stopped);
+    /// Enters `Stopped`.
+    fn stopped(&self) -> Mode {
+        self.show(View::Stopped, None);
+        Mode::Stopped
     }
 
+    /// The actor's one loop: wait for the next event, act on it, repeat
+    /// until every handle is gone.
     pub(super) async fn run(mut self) {
-        let mut phase = if self.manifest.enabled {
-            Phase::Start(None)
+        let mut mode = if self.manifest.enabled {
+            self.start(None).await
         } else {
-            self.set_stopped();
-            Phase::Idle(None)
+            self.stopped()
         };
         loop {
-            phase = match phase {
-                Phase::Start(reply) => self.start(reply).await,
-                Phase::Backoff(delay) => self.backoff(delay).await,
-                Phase::Idle(retry) => self.idle(retry).await,
-                Phase::Exit => return,
+            let event = self.next_event(&mut mode).await;
+            mode = match event {
+                Event::Command(Some(command)) => self.on_command(mode, command).await,
+                Event::Command(None) => {
+                    if let Mode::Serving(running) = mode {
+                        self.show(View::Stopped, None);
+                        drain_and_stop(running, &self.manifest).await;
+                    }
+                    return;
+                }
+                Event::Exited(exit) => match mode {
+                    Mode::Serving(running) => self.exited(running, exit),
+                    other => other,
+                },
+                Event::Wedged => {
+                    if let Mode::Serving(running) = &mut mode {
+                        let why = format!(
+                            "{} calls in a row ran past their deadline",
+                            self.manifest.limits.max_timeouts_in_a_row
+                        );
+                        let pid = running.child.pid();
+                        tracing::error!(toolbox = self.id(), pid, "{why}; killing the child");
+                        Self::kill(running, why);
+                    }
+                    mode
+                }
+                Event::Child(ChildEvent::ToolsChanged) => {
+                    if let Mode::Serving(running) = &mode {
+                        self.refresh(running, None).await;
+                    }
+                    mode
+                }
+                Event::Probe => {
+                    if let Mode::Serving(running) = &mut mode {
+                        self.probe(running).await;
+                    }
+                    mode
+                }
+                Event::Timer => match mode {
+                    Mode::Failed { .. } => {
+                        tracing::info!(
+                            toolbox = self.id(),
+                            "failed cool-down over; starting again"
+                        );
+                        self.budget.reset();
+                        self.show(View::Starting, None);
+                        self.start(None).await
+                    }
+                    _ => self.start(None).await,
+                },
             };
         }
     }
 
-    async fn start(&mut self, reply: Option<Reply>) -> Phase {
+    /// Waits for what the actor must act on next in `mode`.
+    async fn next_event(&mut self, mode: &mut Mode) -> Event {
+        let timer = match mode {
+            Mode::Backoff { until, .. } => Some(*until),
+            Mode::Failed { retry, .. } => *retry,
+            _ => None,
+        };
+        let (child, events, serving, probe) = match mode {
+            Mode::Serving(r) => (
+                Some(&r.child),
+                Some(&mut r.events),
+                Some(&r.serving),
+                Some(&mut r.probe),
+            ),
+            _ => (None, None, None, None),
+        };
+        tokio::select! {
+            exit = or_never(child.map(Child::exited)) => Event::Exited(exit),
+            _ = or_never(serving.map(|s| s.wedged.notified())) => Event::Wedged,
+            Some(event) = or_never(events.map(mpsc::UnboundedReceiver::recv)) => Event::Child(event),
+            _ = or_never(probe.map(tokio::time::Interval::tick)) => Event::Probe,
+            _ = or_never(timer.map(tokio::time::sleep_until)) => Event::Timer,
+            command = self.commands.recv() => Event::Command(command),
+        }
+    }
+
+    /// Carries out an operator's (or the registry's) command in `mode`.
+    async fn on_command(&mut self, mode: Mode, command: Command) -> Mode {
+        match (command, mode) {
+            (Command::Refresh { requested, done }, mode) => {
+                if let Mode::Serving(running) = &mode {
+                    self.refresh(running, Some(requested)).await;
+                }
+                let _ = done.send(());
+                mode
+            }
+            (Command::Stop { done }, mode) => {
+                let text = match mode {
+                    Mode::Serving(running) => {
+                        let pid = running.child.pid();
+                        self.show(View::Stopped, None);
+                        let exit = drain_and_stop(running, &self.manifest).await;
+                        format!("stopped pid {pid} ({exit})")
+                    }
+                    Mode::Backoff { .. } => {
+                        self.show(View::Stopped, None);
+                        "stopped (it was waiting to restart)".to_owned()
+                    }
+                    Mode::Failed { .. } | Mode::Stopped => {
+                        self.show(View::Stopped, None);
+                        "stopped".to_owned()
+                    }
+                };
+                let _ = done.send(Ok(text));
+                Mode::Stopped
+            }
+            (Command::Start { done }, Mode::Serving(running)) => {
+                let _ = done.send(Ok(format!("already running, pid {}", running.child.pid())));
+                Mode::Serving(running)
+            }
+            (Command::Restart { done }, Mode::Serving(mut running)) => {
+                let outcome = self.roll(&mut running, None).await;
+                let _ = done.send(outcome);
+                Mode::Serving(running)
+            }
+            (Command::Start { done } | Command::Restart { done }, mode) => {
+                self.start_now(mode, done).await
+            }
+            (Command::Reconfigure { manifest, done }, mode) if !manifest.enabled => {
+                self.adopt(*manifest);
+                let text = match mode {
+                    Mode::Serving(running) => {
+                        let pid = running.child.pid();
+                        self.show(View::Stopped, None);
+                        let exit = drain_and_stop(running, &self.manifest).await;
+                        format!("disabled by its manifest: stopped pid {pid} ({exit})")
+                    }
+                    _ => {
+                        self.show(View::Stopped, None);
+                        "disabled by its manifest: stopped".to_owned()
+                    }
+                };
+                let _ = done.send(Ok(text));
+                Mode::Stopped
+            }
+            (Command::Reconfigure { manifest, done }, Mode::Serving(mut running)) => {
+                let outcome = self.roll(&mut running, Some(*manifest)).await;
+                let _ = done.send(outcome);
+                Mode::Serving(running)
+            }
+            (Command::Reconfigure { manifest, done }, mode) => {
+                self.adopt(*manifest);
+                self.start_now(mode, done).await
+            }
+        }
+    }
+
+    /// Starts a child at an operator's request, skipping a backoff; from
+    /// stopped or failed the restart budget starts afresh.
+    async fn start_now(&mut self, mode: Mode, done: Reply) -> Mode {
+        if !matches!(mode, Mode::Backoff { .. }) {
+            self.budget.reset();
+            self.show(View::Starting, None);
+        }
+        self.start(Some(done)).await
+    }
+
+    /// Starts a child; answers the operator's command, if any, once it serves
+    /// or failed.
+    async fn start(&mut self, reply: Option<Reply>) -> Mode {
         match self.launch().await {
             Ok(launched) => {
                 let running = self.promote(launched);
                 if let Some(reply) = reply {
                     let _ = reply.send(Ok(format!("started, pid {}", running.child.pid())));
                 }
-                self.serve(running).await
+                Mode::Serving(running)
             }
             Err(down) => {
                 tracing::error!(toolbox = self.id(), "{}", down.text);
@@ -207,16 +451,20 @@ impl Actor {
     /// together, so callers see the new catalog and the new child at once.
     fn promote(&mut self, launched: Launched) -> Running {
         let pid = launched.child.pid();
+        let limits = &self.manifest.limits;
         let serving = Arc::new(Serving {
             session: launched.session,
             pid,
-            permits: Semaphore::new(self.manifest.limits.max_concurrent_calls),
+            permits: Semaphore::new(limits.max_concurrent_calls),
+            max_calls: limits.max_concurrent_calls,
+            settled: tokio::sync::Notify::new(),
             since: Instant::now(),
             timeouts_in_a_row: std::sync::atomic::AtomicU32::new(0),
             answers: std::sync::atomic::AtomicU64::new(0),
-            max_timeouts_in_a_row: self.manifest.limits.max_timeouts_in_a_row,
+            max_timeouts_in_a_row: limits.max_timeouts_in_a_row,
             wedged: tokio::sync::Notify::new(),
         });
+        let every = Duration::from_secs(limits.probe_interval_s);
         tracing::info!(
             toolbox = self.id(),
             pid,
@@ -224,110 +472,16 @@ impl Actor {
             tools = launched.tools.len(),
             "toolbox ready"
         );
-        self.publish(State::Ready, Some(Arc::new(launched.tools)));
-        let _ = self.out.slot.send(Slot::Serving(serving.clone()));
         self.stats.set_era(serving.session.era().to_string());
+        self.show(View::Serving(&serving), Some(Arc::new(launched.tools)));
         Running {
             child: launched.child,
             events: launched.events,
             serving,
             started: Instant::now(),
-        }
-    }
-
-    /// Serves until the child exits, the toolbox is stopped, or every handle is gone.
-    async fn serve(&mut self, mut running: Running) -> Phase {
-        let probe_every = Duration::from_secs(self.manifest.limits.probe_interval_s);
-        let mut probe =
-            tokio::time::interval_at(tokio::time::Instant::now() + probe_every, probe_every);
-        let mut missed = 0;
-        // Why we killed the child, when we did: said with its exit.
-        let mut killed_for: Option<String> = None;
-        loop {
-            let pid = running.child.pid();
-            tokio::select! {
-                exit = running.child.exited() => {
-                    tracing::warn!(toolbox = self.id(), pid, "child exited ({exit})");
-                    let broke = running.serving.session.broken_because();
-                    let text = match killed_for.take().or(broke) {
-                        Some(why) => format!("exited ({exit}): killed because {why}"),
-                        None => format!("exited ({exit})"),
-                    };
-                    return self.went_down(Down {
-                        exit,
-                        uptime: running.started.elapsed(),
-                        text,
-                        stderr: running.child.stderr_tail(),
-                    });
-                }
-                _ = running.serving.wedged.notified() => {
-                    let why = format!(
-                        "{} calls in a row ran past their deadline",
-                        self.manifest.limits.max_timeouts_in_a_row
-                    );
-                    tracing::error!(toolbox = self.id(), pid, "{why}; killing the child");
-                    killed_for = Some(why);
-                    running.child.signal_group(nix::sys::signal::Signal::SIGKILL);
-                }
-                Some(event) = running.events.recv() => match event {
-                    ChildEvent::ToolsChanged => self.refresh(&running, None).await,
-                },
-                command = self.commands.recv() => match command {
-                    Some(Command::Refresh { requested, done }) => {
-                        self.refresh(&running, Some(requested)).await;
-                        let _ = done.send(());
-                    }
-                    Some(Command::Stop { done }) => {
-                        self.set_stopped();
-                        let exit = drain_and_stop(running, &self.manifest).await;
-                        let _ = done.send(Ok(format!("stopped pid {pid} ({exit})")));
-                        return Phase::Idle(None);
-                    }
-                    Some(Command::Start { done }) => {
-                        let _ = done.send(Ok(format!("already running, pid {pid}")));
-                    }
-                    Some(Command::Restart { done }) => {
-                        let outcome = self.roll(&mut running, None).await;
-                        missed = 0;
-                        let _ = done.send(outcome);
-                    }
-                    Some(Command::Reconfigure { manifest, done }) if !manifest.enabled => {
-                        self.adopt(*manifest);
-                        self.set_stopped();
-                        let exit = drain_and_stop(running, &self.manifest).await;
-                        let _ = done.send(Ok(format!("disabled by its manifest: stopped pid {pid} ({exit})")));
-                        return Phase::Idle(None);
-                    }
-                    Some(Command::Reconfigure { manifest, done }) => {
-                        let outcome = self.roll(&mut running, Some(*manifest)).await;
-                        missed = 0;
-                        let every = Duration::from_secs(self.manifest.limits.probe_interval_s);
-                        probe = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-                        let _ = done.send(outcome);
-                    }
-                    None => {
-                        self.set_stopped();
-                        drain_and_stop(running, &self.manifest).await;
-                        return Phase::Exit;
-                    }
-                },
-                _ = probe.tick() => {
-                    let probe_timeout = Duration::from_secs(self.manifest.limits.probe_timeout_s);
-                    match tokio::time::timeout(probe_timeout, running.serving.session.probe()).await {
-                        // An error answer is still an answer: the child is alive.
-                        Ok(Ok(())) | Ok(Err(RpcFailure::Rpc(_))) => missed = 0,
-                        _ => {
-                            missed += 1;
-                            tracing::warn!(toolbox = self.id(), pid, missed, "liveness probe missed");
-                            if missed >= MAX_MISSED_PROBES {
-                                tracing::error!(toolbox = self.id(), pid, "child stopped answering its liveness probe; killing it");
-                                killed_for = Some(format!("it missed {MAX_MISSED_PROBES} liveness probes in a row"));
-                                running.child.signal_group(nix::sys::signal::Signal::SIGKILL);
-                            }
-                        }
-                    }
-                }
-            }
+            probe: tokio::time::interval_at(tokio::time::Instant::now() + every, every),
+            missed: 0,
+            killed_for: None,
         }
     }
 
@@ -407,17 +561,66 @@ impl Actor {
                     tools = tools.len(),
                     "tool list changed"
                 );
-                self.publish(State::Ready, Some(tools));
+                self.show(View::Serving(&running.serving), Some(tools));
             }
             Err(e) => tracing::warn!(toolbox = self.id(), "tool refresh failed: {e}"),
         }
     }
 
+    /// The serving child exited: say how, then apply the restart policy.
+    fn exited(&mut self, running: Running, exit: ExitInfo) -> Mode {
+        let pid = running.child.pid();
+        tracing::warn!(toolbox = self.id(), pid, "child exited ({exit})");
+        let broke = running.serving.session.broken_because();
+        let text = match running.killed_for.or(broke) {
+            Some(why) => format!("exited ({exit}): killed because {why}"),
+            None => format!("exited ({exit})"),
+        };
+        self.went_down(Down {
+            exit,
+            uptime: running.started.elapsed(),
+            text,
+            stderr: running.child.stderr_tail(),
+        })
+    }
+
+    /// Kills the serving child because `why` (said again with its exit); the
+    /// exit then restarts it.
+    fn kill(running: &mut Running, why: String) {
+        running.killed_for = Some(why);
+        running
+            .child
+            .signal_group(nix::sys::signal::Signal::SIGKILL);
+    }
+
+    /// One liveness probe: `MAX_MISSED_PROBES` missed in a row kill the child.
+    async fn probe(&self, running: &mut Running) {
+        let limit = Duration::from_secs(self.manifest.limits.probe_timeout_s);
+        match tokio::time::timeout(limit, running.serving.session.probe()).await {
+            // An error answer is still an answer: the child is alive.
+            Ok(Ok(())) | Ok(Err(RpcFailure::Rpc(_))) => running.missed = 0,
+            _ => {
+                running.missed += 1;
+                let (pid, missed) = (running.child.pid(), running.missed);
+                tracing::warn!(toolbox = self.id(), pid, missed, "liveness probe missed");
+                if missed >= MAX_MISSED_PROBES {
+                    tracing::error!(
+                        toolbox = self.id(),
+                        pid,
+                        "child stopped answering its liveness probe; killing it"
+                    );
+                    let why = format!("it missed {MAX_MISSED_PROBES} liveness probes in a row");
+                    Self::kill(running, why);
+                }
+            }
+        }
+    }
+
     /// Applies the restart policy to a child that went down.
-    fn went_down(&mut self, down: Down) -> Phase {
+    fn went_down(&mut self, down: Down) -> Mode {
         self.stats.set_last_exit(down.text.clone());
         let knobs = &self.manifest.restart;
-        match self.budget.after_exit(knobs, down.exit, down.uptime) {
+        let (mode, stderr) = match self.budget.after_exit(knobs, down.exit, down.uptime) {
             Decision::RestartAfter(delay) => {
                 tracing::info!(
                     toolbox = self.id(),
@@ -426,14 +629,12 @@ impl Actor {
                     down.text
                 );
                 self.stats.restarts.fetch_add(1, Ordering::Relaxed);
-                self.publish(
-                    State::Restarting {
-                        last_exit: down.text,
-                    },
-                    None,
-                );
-                let _ = self.out.slot.send(Slot::Waiting);
-                Phase::Backoff(delay)
+                let mode = Mode::Backoff {
+                    until: tokio::time::Instant::now() + delay,
+                    last_exit: down.text,
+                };
+                self.show(mode.view(), None);
+                return mode;
             }
             Decision::Failed => {
                 let reason = format!(
@@ -446,123 +647,53 @@ impl Actor {
                     self.id()
                 );
                 let retry = Duration::from_secs(knobs.failed_retry_s);
-                self.fail(reason, &down.stderr);
-                Phase::Idle(Some(retry))
+                let retry = Some(tokio::time::Instant::now() + retry);
+                (Mode::Failed { reason, retry }, down.stderr)
             }
             Decision::StayDown => {
                 let reason = format!(
                     "the child {}; restart policy {:?} does not restart it",
                     down.text, knobs.policy
                 );
-                self.fail(reason, &down.stderr);
-                Phase::Idle(None)
+                (
+                    Mode::Failed {
+                        reason,
+                        retry: None,
+                    },
+                    down.stderr,
+                )
             }
+        };
+        if let Mode::Failed { reason, .. } = &mode {
+            tracing::error!(
+                toolbox = self.id(),
+                stderr_tail = %stderr.join("\n"),
+                "failed: {reason}"
+            );
         }
-    }
-
-    fn fail(&self, reason: String, stderr: &[String]) {
-        tracing::error!(
-            toolbox = self.id(),
-            stderr_tail = %stderr.join("\n"),
-            "failed: {reason}"
-        );
-        self.publish(
-            State::Failed {
-                reason: reason.clone(),
-            },
-            None,
-        );
-        let _ = self.out.slot.send(Slot::Failed(reason));
-    }
-
-    /// Waits out a restart delay; an operator's start or restart skips it.
-    async fn backoff(&mut self, delay: Duration) -> Phase {
-        let sleep = tokio::time::sleep(delay);
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                _ = &mut sleep => return Phase::Start(None),
-                command = self.commands.recv() => match command {
-                    Some(Command::Refresh { done, .. }) => { let _ = done.send(()); }
-                    Some(Command::Stop { done }) => {
-                        self.set_stopped();
-                        let _ = done.send(Ok("stopped (it was waiting to restart)".to_owned()));
-                        return Phase::Idle(None);
-                    }
-                    Some(Command::Start { done }) | Some(Command::Restart { done }) => {
-                        return Phase::Start(Some(done));
-                    }
-                    Some(Command::Reconfigure { manifest, done }) => {
-                        self.adopt(*manifest);
-                        if !self.manifest.enabled {
-                            self.set_stopped();
-                            let _ = done.send(Ok("disabled by its manifest: stopped".to_owned()));
-                            return Phase::Idle(None);
-                        }
-                        return Phase::Start(Some(done));
-                    }
-                    None => return Phase::Exit,
-                },
-            }
-        }
-    }
-
-    /// Stopped or failed: waits for an operator's start, or for `retry` to pass.
-    async fn idle(&mut self, retry: Option<Duration>) -> Phase {
-        let far = Duration::from_secs(60 * 60 * 24 * 365);
-        let sleep = tokio::time::sleep(retry.unwrap_or(far));
-        tokio::pin!(sleep);
-        let mut retrying = retry.is_some();
-        loop {
-            tokio::select! {
-                _ = &mut sleep, if retrying => {
-                    tracing::info!(toolbox = self.id(), "failed cool-down over; starting again");
-                    self.budget.reset();
-                    return Phase::Start(None);
-                }
-                command = self.commands.recv() => match command {
-                    Some(Command::Refresh { done, .. }) => { let _ = done.send(()); }
-                    Some(Command::Stop { done }) => {
-                        self.set_stopped();
-                        retrying = false;
-                        let _ = done.send(Ok("stopped".to_owned()));
-                    }
-                    Some(Command::Start { done }) | Some(Command::Restart { done }) => {
-                        self.budget.reset();
-                        self.publish(State::Starting, None);
-                        let _ = self.out.slot.send(Slot::Waiting);
-                        return Phase::Start(Some(done));
-                    }
-                    Some(Command::Reconfigure { manifest, done }) => {
-                        self.adopt(*manifest);
-                        if !self.manifest.enabled {
-                            self.set_stopped();
-                            retrying = false;
-                            let _ = done.send(Ok("disabled by its manifest: stopped".to_owned()));
-                            continue;
-                        }
-                        self.publish(State::Starting, None);
-                        let _ = self.out.slot.send(Slot::Waiting);
-                        return Phase::Start(Some(done));
-                    }
-                    None => return Phase::Exit,
-                },
-            }
-        }
+        self.show(mode.view(), None);
+        mode
     }
 }
 
 /// Lets a child that no longer receives new calls finish the ones it has
 /// (within `drain_timeout_s`), then stops it. Returns how it exited.
 async fn drain_and_stop(running: Running, manifest: &Manifest) -> ExitInfo {
-    // Callers still queued for a permit look for the serving child again.
-    running.serving.permits.close();
-    let deadline = Instant::now() + Duration::from_secs(manifest.limits.drain_timeout_s);
-    let rpc = running.serving.session.rpc();
-    while rpc.in_flight() > 0 && Instant::now() < deadline {
+    let serving = &running.serving;
+    // Callers still queued for a slot look for the serving child again.
+    serving.permits.close();
+    let drain = Duration::from_secs(manifest.limits.drain_timeout_s);
+    let deadline = tokio::time::Instant::now() + drain;
+    loop {
+        // Registered before the check, so a slot given back in between wakes us.
+        let settled = serving.settled.notified();
+        if serving.permits.available_permits() >= serving.max_calls {
+            break;
+        }
         tokio::select! {
+            _ = settled => {}
             _ = running.child.exited() => break,
-            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            _ = tokio::time::sleep_until(deadline) => break,
         }
     }
     let exit = running.child.stop(STOP_GRACE).await;

@@ -95,6 +95,10 @@ struct Serving {
     /// `max_concurrent_calls` permits; tokio's semaphore is fair, so waiting
     /// calls are served in arrival order.
     permits: Semaphore,
+    /// `max_concurrent_calls`: when all permits are back, no call is on the child.
+    max_calls: usize,
+    /// Woken whenever a call gives its slot back, for a drain waiting on the last.
+    settled: tokio::sync::Notify,
     /// When it became ready, for uptime in status.
     since: Instant,
     /// Calls that ran past their deadline since the last answered one.
@@ -278,6 +282,7 @@ struct SlotHold(Arc<Serving>);
 impl Drop for SlotHold {
     fn drop(&mut self) {
         self.0.permits.add_permits(1);
+        self.0.settled.notify_waiters();
     }
 }
 
