@@ -233,3 +233,122 @@ impl Supervisor {
         join_all(self.hosted.values().map(|h| h.handle.stop())).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The supervisor over a real manifests directory, with the stand-in
+    //! Python fixture toolbox as the child: no bus, no daemon.
+
+    use super::*;
+    use std::path::Path;
+
+    /// A fresh, empty manifests directory for one test.
+    fn manifests_dir(test: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("toolboxd-supervisor-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Writes manifest `id` running the fixture toolbox, with `extra` TOML.
+    fn write(dir: &Path, id: &str, extra: &str) {
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fixture_toolbox.py");
+        let text = format!(
+            "id = \"{id}\"\ncommand = \"python3\"\nargs = [\"{}\"]\n{extra}\n",
+            fixture.display()
+        );
+        std::fs::write(dir.join(format!("{id}.toml")), text).unwrap();
+    }
+
+    fn state(registry: &Registry, id: &str) -> Option<String> {
+        let catalog = registry.snapshot();
+        catalog.toolbox(id).map(|e| e.state.name().to_owned())
+    }
+
+    fn pid(supervisor: &Supervisor, id: &str) -> u32 {
+        supervisor.handle(id).unwrap().pids()[0]
+    }
+
+    fn alive(pid: u32) -> bool {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+    }
+
+    #[tokio::test]
+    async fn start_hosts_the_valid_manifests_and_reports_the_others() {
+        let dir = manifests_dir("start");
+        write(&dir, "good", "");
+        std::fs::write(dir.join("bad.toml"), "id = \"bad\"\n").unwrap();
+        let registry = Arc::new(Registry::default());
+        let (mut supervisor, errors) = Supervisor::start(vec![dir.clone()], registry.clone());
+        assert_eq!(errors.len(), 1);
+        assert!(errors[0].path.ends_with("bad.toml"));
+        assert!(errors[0].to_string().contains("command"), "{}", errors[0]);
+        assert!(supervisor.admit(&BTreeSet::new()).await.is_empty());
+        supervisor.wait_started().await;
+        let catalog = registry.snapshot();
+        let good = catalog.toolbox("good").unwrap();
+        assert!(good.is_listed());
+        assert!(good.tools.iter().any(|t| t.name == "whoami"));
+        assert!(catalog.toolbox("bad").is_none());
+        let child = pid(&supervisor, "good");
+        supervisor.shutdown().await;
+        assert!(!alive(child));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_id_another_host_answers_for_is_refused_as_conflict() {
+        let dir = manifests_dir("conflict");
+        write(&dir, "mine", "");
+        write(&dir, "theirs", "");
+        let registry = Arc::new(Registry::default());
+        let (mut supervisor, _) = Supervisor::start(vec![dir.clone()], registry.clone());
+        let taken = BTreeSet::from(["theirs".to_owned()]);
+        let refused = supervisor.admit(&taken).await;
+        assert_eq!(refused.len(), 1);
+        assert!(refused[0].0.ends_with("theirs.toml"));
+        assert!(refused[0]
+            .1
+            .contains("already answers for toolbox_id 'theirs'"));
+        assert_eq!(state(&registry, "theirs").as_deref(), Some("conflict"));
+        assert!(supervisor.handle("theirs").is_none());
+        supervisor.wait_started().await;
+        assert!(registry.snapshot().toolbox("mine").unwrap().is_listed());
+        supervisor.shutdown().await;
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn reload_starts_new_rolls_changed_stops_removed_keeps_unchanged() {
+        let dir = manifests_dir("reload");
+        for id in ["same", "changed", "removed"] {
+            write(&dir, id, "");
+        }
+        let registry = Arc::new(Registry::default());
+        let (mut supervisor, _) = Supervisor::start(vec![dir.clone()], registry.clone());
+        supervisor.admit(&BTreeSet::new()).await;
+        supervisor.wait_started().await;
+        let before: BTreeMap<&str, u32> = ["same", "changed", "removed"]
+            .into_iter()
+            .map(|id| (id, pid(&supervisor, id)))
+            .collect();
+
+        write(&dir, "changed", "env = { CHANGED = \"1\" }");
+        std::fs::remove_file(dir.join("removed.toml")).unwrap();
+        write(&dir, "added", "");
+        let report = supervisor.reload(&BTreeSet::new()).await;
+
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        assert_eq!(report.loaded, ["added", "changed", "same"]);
+        assert_eq!(pid(&supervisor, "same"), before["same"]);
+        assert_ne!(pid(&supervisor, "changed"), before["changed"]);
+        assert!(supervisor.handle("removed").is_none());
+        assert!(registry.snapshot().toolbox("removed").is_none());
+        assert!(!alive(before["removed"]));
+        assert!(registry.snapshot().toolbox("added").unwrap().is_listed());
+        supervisor.shutdown().await;
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -13,6 +13,8 @@
 mod actor;
 mod replicas;
 pub mod restart;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
