@@ -548,3 +548,130 @@ fn new_never_writes_through_a_symlink_or_leaves_half_a_toolbox() {
     );
     assert!(dir.path().join("fine.toml").is_file());
 }
+
+#[tokio::test]
+async fn a_bus_client_that_does_not_read_is_dropped_and_nobody_else() {
+    // 400 list requests from a client that never read grew the bus's memory
+    // 50,000-fold (its queue was counted in frames); two flooders got the
+    // daemon's own client dropped. Now each client's queue is bounded in
+    // bytes, and the daemon's own client is waited for, never dropped.
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let dir = TempDir::new("no-reader");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let before = rss_kib(daemon.pid());
+    let (deaf, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
+    let (flood, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
+    let (mut flood_out, mut flood_in) = flood.split();
+    // The flooder reads what it is sent, so only the deaf client falls behind.
+    tokio::spawn(async move { while let Some(Ok(_)) = flood_in.next().await {} });
+    let noise =
+        json!({"type": "noise", "data": {"pad": "x".repeat(1 << 20)}, "context": {}}).to_string();
+    for _ in 0..120 {
+        flood_out.send(Message::text(noise.clone())).await.unwrap();
+    }
+    common::wait_until(
+        "the deaf client is disconnected",
+        Duration::from_secs(20),
+        || {
+            !daemon
+                .log_lines_with("bus client is not reading")
+                .is_empty()
+        },
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+    let dropped = daemon.log_lines_with("bus client is not reading");
+    assert_eq!(dropped.len(), 1, "only the deaf client: {dropped:?}");
+    let after = rss_kib(daemon.pid());
+    assert!(
+        after < before + 128 * 1024,
+        "daemon RSS grew from {before} KiB to {after} KiB"
+    );
+    drop(deaf);
+}
+
+#[tokio::test]
+async fn unfinished_messages_and_idle_connections_are_bounded() {
+    // Eight connections each sending 48 MiB of an unfinished message were
+    // buffered whole (RSS 11 -> 419 MB); 1,010 idle connections ran the
+    // daemon out of descriptors. Now a message is at most 10 MiB, unfinished
+    // messages share a budget of 40 MiB, at most 256 connections are served
+    // and a connection must finish its handshake within 10 s.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = TempDir::new("partial");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let before = rss_kib(daemon.pid());
+    let addr = daemon
+        .url
+        .trim_start_matches("ws://")
+        .trim_end_matches("/core")
+        .to_owned();
+    // Each sender claims a 10 MiB text message and sends 9 MiB of it: the
+    // fifth passes the shared budget.
+    let mut senders = Vec::new();
+    for _ in 0..5 {
+        let (mut ws, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
+        let tokio_tungstenite::MaybeTlsStream::Plain(raw) = ws.get_mut() else {
+            unreachable!("ws:// is plain TCP")
+        };
+        let mut frame = vec![0x81u8, 0xFF];
+        frame.extend_from_slice(&(10u64 << 20).to_be_bytes());
+        frame.extend_from_slice(&[0, 0, 0, 0]); // mask key 0: payload as is
+        frame.resize(frame.len() + (9 << 20), b'x');
+        let _ = tokio::time::timeout(Duration::from_secs(5), raw.write_all(&frame)).await;
+        senders.push(ws);
+    }
+    common::wait_until(
+        "a sender over the shared budget is cut off",
+        Duration::from_secs(20),
+        || !daemon.log_lines_with("unfinished messages").is_empty(),
+    );
+    let after = rss_kib(daemon.pid());
+    assert!(
+        after < before + 96 * 1024,
+        "daemon RSS grew from {before} KiB to {after} KiB"
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+    drop(senders);
+    drop(bus);
+
+    // A connection that never finishes its handshake is closed.
+    let mut silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(15), silent.read(&mut [0u8; 64])).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "still open after 15 s: {closed:?}"
+    );
+
+    // Connections past the cap are closed at once, unanswered.
+    let mut idle = Vec::new();
+    while daemon
+        .log_lines_with("clients are connected already")
+        .is_empty()
+    {
+        assert!(idle.len() < 300, "no cap on connections");
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        tokio_tungstenite::connect_async(&daemon.url).await.is_err(),
+        "a connection past the cap was served"
+    );
+    drop(idle);
+    // Served again once the server has seen the idle ones close.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tokio_tungstenite::connect_async(&daemon.url).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "not served again");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

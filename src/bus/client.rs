@@ -44,7 +44,14 @@ impl BusError {
 /// Connects once: TCP with TCP_NODELAY and TCP_QUICKACK, then the websocket
 /// handshake.
 pub async fn connect(url: &str) -> Result<WsStream, BusError> {
-    let (request, host, port) = parse(url)?;
+    let (mut request, host, port) = parse(url)?;
+    // Makes this connection known to an embedded bus in this process, which
+    // then never drops it (see `server::own_token`).
+    if let Ok(token) = super::server::own_token().parse() {
+        request
+            .headers_mut()
+            .insert(super::server::OWN_HEADER, token);
+    }
     let stream = TcpStream::connect((host.as_str(), port))
         .await
         .map_err(|source| BusError::Connect {
@@ -53,7 +60,7 @@ pub async fn connect(url: &str) -> Result<WsStream, BusError> {
         })?;
     tcp::tune(&stream);
     let (ws, _) =
-        tokio_tungstenite::client_async_with_config(request, stream, Some(super::ws_config()))
+        tokio_tungstenite::client_async_with_config(request, stream, Some(super::client_config()))
             .await
             .map_err(|e| BusError::Handshake {
                 url: url.to_owned(),

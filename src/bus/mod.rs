@@ -8,12 +8,25 @@ pub mod envelope;
 pub mod server;
 pub mod tcp;
 
-/// Largest websocket message toolboxd sends or accepts: room for a child's
-/// largest line (`max_message_bytes`, 16 MiB by default) plus the envelope.
-pub const MAX_FRAME_BYTES: usize = 64 * 1024 * 1024;
+/// Largest message the bus carries: the Python ovos-messagebus's default
+/// (`websocket.max_msg_size`, 10 MiB). The embedded bus refuses larger ones,
+/// and toolboxd never sends one (an answer that would be larger is replaced
+/// by an error).
+pub const MAX_FRAME_BYTES: usize = 10 * 1024 * 1024;
 
-/// The websocket settings shared by the client and the server.
-pub fn ws_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+/// Largest message the daemon's own client accepts: more than the bus limit,
+/// so a bus configured for larger messages never costs it its connection.
+const MAX_RECEIVED_BYTES: usize = 64 * 1024 * 1024;
+
+/// The websocket settings of the daemon's bus client.
+pub fn client_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .max_message_size(Some(MAX_RECEIVED_BYTES))
+        .max_frame_size(Some(MAX_RECEIVED_BYTES))
+}
+
+/// The websocket settings of the embedded bus, for each of its clients.
+pub fn server_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
     tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES))

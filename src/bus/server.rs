@@ -3,14 +3,22 @@
 //!
 //! Like the Python bus it serves one route (`/core`), greets each client with a
 //! `connected` message and relays every text frame, unparsed, to every client,
-//! the sender included. Unlike it, every socket sets TCP_NODELAY, and each client
-//! has a bounded queue: a client that stops reading is disconnected rather than
-//! allowed to grow the bus's memory without bound.
+//! the sender included. Unlike it, every socket sets TCP_NODELAY, and nothing a
+//! client does can grow the bus's memory without bound:
+//! - what waits to be written to a client is bounded in bytes
+//!   ([`CLIENT_QUEUE_BYTES`]): a client that stops reading is disconnected;
+//!   the daemon's own client is never dropped, its senders wait instead;
+//! - a message is at most [`MAX_FRAME_BYTES`], and what all clients have sent
+//!   of messages not yet complete is bounded ([`PARTIAL_BYTES`]) and must be
+//!   finished within [`PARTIAL_TIMEOUT`];
+//! - connections are capped ([`MAX_CLIENTS`]) and must finish their handshake
+//!   within [`HANDSHAKE_TIMEOUT`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -19,35 +27,143 @@ use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, 
 use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::{Message as WsMessage, Utf8Bytes};
 
+use super::MAX_FRAME_BYTES;
 use crate::bus::tcp;
 use crate::shutdown::Shutdown;
 
 /// The route clients connect to.
 pub const ROUTE: &str = "/core";
-/// Frames queued for one client before it counts as stuck and is dropped.
-const CLIENT_QUEUE: usize = 16 * 1024;
+/// Bytes waiting to be written to one client before it counts as stuck and is
+/// disconnected: room for a few of the largest messages.
+pub const CLIENT_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
+/// Bytes waiting for the daemon's own client before its senders wait.
+const OWN_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
+/// Bytes of messages not yet complete, summed over every client; a client
+/// whose read would pass it is disconnected.
+pub const PARTIAL_BYTES: usize = 4 * MAX_FRAME_BYTES;
+/// How long a client may take to finish a message it started.
+pub const PARTIAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once; more are closed at once (logged).
+pub const MAX_CLIENTS: usize = 256;
+/// How long a connection may take to finish its websocket handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The header by which the daemon's own client makes itself known.
+pub const OWN_HEADER: &str = "x-toolboxd-own";
 /// What a client receives first, as from the Python ovos-messagebus.
 const CONNECTED: &str =
     r#"{"type": "connected", "data": {}, "context": {"session": {"session_id": "default"}}}"#;
+
+/// A random token, made once per process, that the daemon's own bus client
+/// sends in [`OWN_HEADER`]: it tells the embedded bus which connection must
+/// never be dropped. (Sent to an external bus too, where it means nothing.)
+pub fn own_token() -> &'static str {
+    static TOKEN: OnceLock<String> = OnceLock::new();
+    TOKEN.get_or_init(|| {
+        let mut bytes = [0u8; 16];
+        // SAFETY: getrandom writes at most `len` bytes into the buffer.
+        let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+        if n != bytes.len() as isize {
+            // No randomness: fall back on what a local attacker cannot read
+            // from outside this process (its address-space layout).
+            let salt = &bytes as *const _ as usize ^ std::process::id() as usize;
+            bytes[..8].copy_from_slice(&salt.to_le_bytes());
+        }
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    })
+}
+
+/// Where frames for one client wait: a channel to its writer, bounded in bytes.
+struct Queue {
+    /// Frames for the writer task.
+    tx: mpsc::UnboundedSender<Utf8Bytes>,
+    /// How the bytes waiting are bounded.
+    budget: Budget,
+}
+
+/// How the bytes waiting for one client are bounded.
+#[derive(Clone)]
+enum Budget {
+    /// Any client: bytes queued and not yet written; past
+    /// [`CLIENT_QUEUE_BYTES`] the client is disconnected.
+    Drop(Arc<AtomicUsize>),
+    /// The daemon's own client: room left, in bytes ([`OWN_QUEUE_BYTES`]);
+    /// when there is none its senders wait.
+    Wait(Arc<tokio::sync::Semaphore>),
+}
+
+impl Budget {
+    /// A frame of `n` bytes left the queue.
+    fn release(&self, n: usize) {
+        match self {
+            Budget::Drop(queued) => {
+                queued.fetch_sub(n, Ordering::Relaxed);
+            }
+            Budget::Wait(room) => room.add_permits(n),
+        }
+    }
+}
 
 /// Every connected client's queue, by connection number.
 #[derive(Default)]
 struct Clients {
     /// Queues of frames waiting to be written to each client.
-    queues: RwLock<HashMap<u64, mpsc::Sender<Utf8Bytes>>>,
+    queues: RwLock<HashMap<u64, Queue>>,
     /// Numbers connections.
     next: AtomicU64,
+    /// Connections open now (handshake included), for [`MAX_CLIENTS`].
+    open: AtomicUsize,
+    /// Bytes of unfinished messages, over every client, for [`PARTIAL_BYTES`].
+    partial: Arc<AtomicUsize>,
 }
 
 impl Clients {
-    /// Relays one frame to every client; returns the clients that were stuck.
-    fn broadcast(&self, frame: &Utf8Bytes) -> Vec<u64> {
-        let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
-        queues
-            .iter()
-            .filter(|(_, q)| q.try_send(frame.clone()).is_err())
-            .map(|(&id, _)| id)
-            .collect()
+    /// Relays one frame to every client: clients whose queue it would push
+    /// past [`CLIENT_QUEUE_BYTES`] are disconnected; the daemon's own client
+    /// is waited for — except for the echo of its own frames (`from_own`),
+    /// which is skipped when its queue is full, so that its connection never
+    /// waits on itself.
+    async fn broadcast(&self, frame: &Utf8Bytes, from_own: bool) {
+        let mut stuck = Vec::new();
+        let mut own = Vec::new();
+        {
+            let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
+            for (&id, queue) in queues.iter() {
+                match &queue.budget {
+                    Budget::Drop(queued) => {
+                        let n = frame.len();
+                        let after = queued.fetch_add(n, Ordering::Relaxed) + n;
+                        if after > CLIENT_QUEUE_BYTES || queue.tx.send(frame.clone()).is_err() {
+                            queued.fetch_sub(n, Ordering::Relaxed);
+                            stuck.push(id);
+                        }
+                    }
+                    Budget::Wait(room) => own.push((queue.tx.clone(), room.clone())),
+                }
+            }
+        }
+        for id in stuck {
+            tracing::warn!(
+                id,
+                "bus client is not reading (more than {CLIENT_QUEUE_BYTES} bytes waiting for \
+                 it); disconnecting it"
+            );
+            self.remove(id);
+        }
+        // A frame is at most MAX_FRAME_BYTES, far below u32::MAX.
+        let n = frame.len() as u32;
+        for (tx, room) in own {
+            let taken = if from_own {
+                room.try_acquire_many(n).ok()
+            } else {
+                room.acquire_many(n).await.ok()
+            };
+            if let Some(permit) = taken {
+                permit.forget(); // given back by Budget::release
+                if tx.send(frame.clone()).is_err() {
+                    room.add_permits(n as usize);
+                }
+            }
+        }
     }
 
     fn remove(&self, id: u64) {
@@ -55,6 +171,89 @@ impl Clients {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
+    }
+}
+
+/// Counts a connection as open until dropped.
+struct Open<'a>(&'a AtomicUsize);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A client's socket, counting what it sends of messages not yet complete
+/// against the budget shared by every client ([`PARTIAL_BYTES`]).
+struct Metered {
+    /// The socket.
+    stream: TcpStream,
+    /// Bytes this client sent since its last complete message.
+    unfinished: Arc<AtomicUsize>,
+    /// The sum of `unfinished` over every client.
+    partial: Arc<AtomicUsize>,
+}
+
+impl Metered {
+    /// A message ended: what it took is no longer counted.
+    fn settle(unfinished: &AtomicUsize, partial: &AtomicUsize) {
+        partial.fetch_sub(unfinished.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
+impl Drop for Metered {
+    fn drop(&mut self) {
+        Metered::settle(&self.unfinished, &self.partial);
+    }
+}
+
+impl tokio::io::AsyncRead for Metered {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.stream).poll_read(cx, buf);
+        let n = buf.filled().len() - before;
+        if n > 0 {
+            self.unfinished.fetch_add(n, Ordering::Relaxed);
+            let total = self.partial.fetch_add(n, Ordering::Relaxed) + n;
+            if total > PARTIAL_BYTES {
+                tracing::warn!(
+                    "a bus client's unfinished message would make the unfinished messages of \
+                     every client pass {PARTIAL_BYTES} bytes; disconnecting it"
+                );
+                return std::task::Poll::Ready(Err(std::io::Error::other(format!(
+                    "unfinished messages of every client pass {PARTIAL_BYTES} bytes"
+                ))));
+            }
+        }
+        polled
+    }
+}
+
+impl tokio::io::AsyncWrite for Metered {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -70,6 +269,11 @@ pub async fn serve(listener: TcpListener, mut shutdown: Shutdown, any_origin: bo
         };
         match accepted {
             Ok((stream, peer)) => {
+                if clients.open.fetch_add(1, Ordering::Relaxed) >= MAX_CLIENTS {
+                    clients.open.fetch_sub(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "bus: refused a connection: {MAX_CLIENTS} clients are connected already");
+                    continue;
+                }
                 tokio::spawn(client(
                     stream,
                     peer,
@@ -139,6 +343,7 @@ fn loopback_origin(origin: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Serves one connection, from its handshake to its close.
 async fn client(
     stream: TcpStream,
     peer: SocketAddr,
@@ -146,36 +351,69 @@ async fn client(
     mut shutdown: Shutdown,
     any_origin: bool,
 ) {
+    let _open = Open(&clients.open);
     tcp::tune(&stream);
+    // Re-armed after every read, so no client waits on a delayed ACK from us
+    // (the embedded bus stalls no client, Nagle or not).
+    let fd = tcp::Fd(std::os::fd::AsRawFd::as_raw_fd(&stream));
+    let unfinished = Arc::new(AtomicUsize::new(0));
+    let stream = Metered {
+        stream,
+        unfinished: unfinished.clone(),
+        partial: clients.partial.clone(),
+    };
+    let own = Arc::new(AtomicBool::new(false));
+    let is_own = own.clone();
     // The signature is tungstenite's handshake callback; its error type is theirs.
     #[allow(clippy::result_large_err)]
-    let check =
-        move |request: &Request, response: Response| check_request(request, response, any_origin);
-    let ws = match tokio_tungstenite::accept_hdr_async_with_config(
+    let check = move |request: &Request, response: Response| {
+        let token = request.headers().get(OWN_HEADER);
+        is_own.store(
+            token.is_some_and(|t| t.as_bytes() == own_token().as_bytes()),
+            Ordering::Relaxed,
+        );
+        check_request(request, response, any_origin)
+    };
+    let handshake = tokio_tungstenite::accept_hdr_async_with_config(
         stream,
         check,
-        Some(super::ws_config()),
-    )
-    .await
-    {
-        Ok(ws) => ws,
-        Err(e) => {
+        Some(super::server_config()),
+    );
+    let ws = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(ws)) => ws,
+        Ok(Err(e)) => {
             tracing::debug!(%peer, "bus handshake failed: {e}");
             return;
         }
+        Err(_) => {
+            tracing::debug!(%peer, "bus handshake not finished within {HANDSHAKE_TIMEOUT:?}; closing");
+            return;
+        }
     };
+    // The handshake is not a message: an idle client owes nothing.
+    Metered::settle(&unfinished, &clients.partial);
+    let own = own.load(Ordering::Relaxed);
     let id = clients.next.fetch_add(1, Ordering::Relaxed);
-    let (tx, mut rx) = mpsc::channel::<Utf8Bytes>(CLIENT_QUEUE);
-    let _ = tx.try_send(Utf8Bytes::from_static(CONNECTED));
+    let (tx, rx) = mpsc::unbounded_channel();
+    // The greeting, queued first, is counted like any frame.
+    let greeting = CONNECTED.len();
+    let budget = if own {
+        let room = tokio::sync::Semaphore::new(OWN_QUEUE_BYTES - greeting);
+        Budget::Wait(Arc::new(room))
+    } else {
+        Budget::Drop(Arc::new(AtomicUsize::new(greeting)))
+    };
+    let _ = tx.send(Utf8Bytes::from_static(CONNECTED));
+    let mut rx = Inbox {
+        rx,
+        budget: budget.clone(),
+    };
     clients
         .queues
         .write()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(id, tx);
-    tracing::debug!(%peer, id, "bus client connected");
-    // Re-armed after every read, so no client waits on a delayed ACK from us
-    // (the embedded bus stalls no client, Nagle or not).
-    let fd = std::os::fd::AsRawFd::as_raw_fd(ws.get_ref());
+        .insert(id, Queue { tx, budget });
+    tracing::debug!(%peer, id, own, "bus client connected");
     let (mut sink, mut source) = ws.split();
 
     let writer = async {
@@ -183,7 +421,7 @@ async fn client(
             if sink.feed(WsMessage::Text(frame)).await.is_err() {
                 return;
             }
-            while let Ok(more) = rx.try_recv() {
+            while let Some(more) = rx.try_recv() {
                 if sink.feed(WsMessage::Text(more)).await.is_err() {
                     return;
                 }
@@ -193,18 +431,27 @@ async fn client(
             }
         }
         // The queue was dropped: this client was removed as stuck.
-        let _ = sink.close().await;
     };
     let reader = async {
-        while let Some(frame) = source.next().await {
-            tcp::quickack(&tcp::Fd(fd));
-            match frame {
-                Ok(WsMessage::Text(text)) => {
-                    for stuck in clients.broadcast(&text) {
-                        tracing::warn!(id = stuck, "bus client is not reading; disconnecting it");
-                        clients.remove(stuck);
+        loop {
+            // A client in the middle of a message must finish it in time.
+            let next = source.next();
+            let frame = if unfinished.load(Ordering::Relaxed) > 0 {
+                match tokio::time::timeout(PARTIAL_TIMEOUT, next).await {
+                    Ok(frame) => frame,
+                    Err(_) => {
+                        tracing::warn!(%peer, id, "bus client left a message unfinished for {PARTIAL_TIMEOUT:?}; disconnecting it");
+                        return;
                     }
                 }
+            } else {
+                next.await
+            };
+            let Some(frame) = frame else { return };
+            tcp::quickack(&fd);
+            Metered::settle(&unfinished, &clients.partial);
+            match frame {
+                Ok(WsMessage::Text(text)) => clients.broadcast(&text, own).await,
                 Ok(WsMessage::Close(_)) => return,
                 Ok(_) => {}
                 Err(e) => {
@@ -220,7 +467,38 @@ async fn client(
         _ = shutdown.recv() => {}
     }
     clients.remove(id);
+    // Answers a client's Close (RFC 6455 §5.5.1), or says goodbye; never
+    // waits long on a client that does not read.
+    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
     tracing::debug!(%peer, id, "bus client disconnected");
+}
+
+/// The receiving end of a client's queue.
+struct Inbox {
+    /// Frames to write.
+    rx: mpsc::UnboundedReceiver<Utf8Bytes>,
+    /// Given back what each frame took, as it leaves.
+    budget: Budget,
+}
+
+impl Inbox {
+    async fn recv(&mut self) -> Option<Utf8Bytes> {
+        let frame = self.rx.recv().await;
+        self.taken(frame)
+    }
+
+    fn try_recv(&mut self) -> Option<Utf8Bytes> {
+        let frame = self.rx.try_recv().ok();
+        self.taken(frame)
+    }
+
+    /// A frame left the queue: it no longer counts against the client.
+    fn taken(&self, frame: Option<Utf8Bytes>) -> Option<Utf8Bytes> {
+        if let Some(frame) = &frame {
+            self.budget.release(frame.len());
+        }
+        frame
+    }
 }
 
 #[cfg(test)]
