@@ -96,7 +96,8 @@ pub async fn launch(manifest: &Manifest, pin: Option<&str>) -> Result<Launched, 
             }
         }
     };
-    let (specs, mut left_out) = match session.list_tools(request_timeout).await {
+    let listed = session.list_tools(request_timeout, limits.max_message_bytes);
+    let (specs, mut left_out) = match listed.await {
         Ok(listed) => listed,
         Err(e) => {
             return Err(LaunchError {
@@ -107,6 +108,12 @@ pub async fn launch(manifest: &Manifest, pin: Option<&str>) -> Result<Launched, 
     };
     let (tools, rejected) = ToolSet::compile(&manifest.id, specs.clone());
     left_out.extend(rejected);
+    if let Err(why) = tools.fits_on_the_bus() {
+        return Err(LaunchError {
+            child: Some(child),
+            why: format!("listing tools: {why}"),
+        });
+    }
     Ok(Launched {
         child,
         events,

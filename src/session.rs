@@ -11,7 +11,9 @@ use crate::manifest::{LEGACY_VERSIONS, MODERN_VERSIONS};
 use crate::mcp::{self, Era, ToolSpec};
 
 /// Most `tools/list` pages followed before giving up on a looping cursor.
-const MAX_PAGES: usize = 1000;
+pub const MAX_PAGES: usize = 100;
+/// Most tools one toolbox may list: more is a runaway listing, not a toolbox.
+pub const MAX_TOOLS: usize = 1024;
 
 /// Why a child could not be brought to the point of listing its tools.
 #[derive(Debug, thiserror::Error)]
@@ -183,14 +185,18 @@ impl Session {
     }
 
     /// Every tool, following `nextCursor`. Entries that are not tools are
-    /// returned separately so the caller can log them.
+    /// returned separately so the caller can log them. The listing is bounded:
+    /// at most [`MAX_PAGES`] pages, [`MAX_TOOLS`] tools and `max_bytes` bytes
+    /// of pages in all; past a bound it fails, holding nothing.
     pub async fn list_tools(
         &self,
         limit: Duration,
+        max_bytes: usize,
     ) -> Result<(Vec<ToolSpec>, Vec<String>), HandshakeError> {
         let mut tools = Vec::new();
         let mut problems = Vec::new();
         let mut cursor: Option<String> = None;
+        let mut bytes = 0;
         for _ in 0..MAX_PAGES {
             let mut params = Map::new();
             if let Some(c) = cursor.take() {
@@ -202,7 +208,18 @@ impl Session {
                 self.rpc.request("tools/list", self.params(params)),
             )
             .await?;
+            bytes += serde_json::to_vec(&page).map_or(0, |v| v.len());
+            if bytes > max_bytes {
+                return Err(HandshakeError::Bad(format!(
+                    "tools/list pages add up to more than max_message_bytes ({max_bytes} bytes)"
+                )));
+            }
             let (entries, next) = mcp::parse_tools_page(&page);
+            if tools.len() + entries.len() > MAX_TOOLS {
+                return Err(HandshakeError::Bad(format!(
+                    "tools/list lists more than {MAX_TOOLS} tools"
+                )));
+            }
             for entry in entries {
                 match entry {
                     Ok(tool) => tools.push(tool),

@@ -25,7 +25,8 @@ pub struct Tool {
     /// Compiled argument schema: checked before the child sees anything.
     arguments: jsonschema::Validator,
     /// Compiled output schema: a result that fails it is never passed on.
-    output: jsonschema::Validator,
+    /// Shared by every tool without an output schema of its own.
+    output: Arc<jsonschema::Validator>,
 }
 
 impl std::fmt::Debug for Tool {
@@ -46,13 +47,16 @@ impl Tool {
             );
         }
         let has_output_schema = spec.output_schema.is_some();
-        let output_schema = spec
-            .output_schema
-            .unwrap_or_else(mcp::generic_output_schema);
         let arguments = jsonschema::validator_for(&spec.input_schema)
             .map_err(|e| format!("its inputSchema does not compile: {e}"))?;
-        let output = jsonschema::validator_for(&output_schema)
-            .map_err(|e| format!("its outputSchema does not compile: {e}"))?;
+        let (output_schema, output) = match spec.output_schema {
+            Some(schema) => {
+                let output = jsonschema::validator_for(&schema)
+                    .map_err(|e| format!("its outputSchema does not compile: {e}"))?;
+                (schema, Arc::new(output))
+            }
+            None => (mcp::generic_output_schema(), generic_output()?),
+        };
         let definition = json!({
             "name": spec.name,
             "description": spec.description,
@@ -78,6 +82,18 @@ impl Tool {
     pub fn check_output(&self, result: &Value) -> Result<(), String> {
         violations(&self.output, result)
     }
+}
+
+/// The generic output schema's validator, compiled once and shared: a tool
+/// without an output schema costs no validator of its own.
+fn generic_output() -> Result<Arc<jsonschema::Validator>, String> {
+    static GENERIC: std::sync::OnceLock<Arc<jsonschema::Validator>> = std::sync::OnceLock::new();
+    if let Some(shared) = GENERIC.get() {
+        return Ok(shared.clone());
+    }
+    let compiled = jsonschema::validator_for(&mcp::generic_output_schema())
+        .map_err(|e| format!("the generic output schema does not compile: {e}"))?;
+    Ok(GENERIC.get_or_init(|| Arc::new(compiled)).clone())
 }
 
 /// The MCP tool-name rule: 1-128 characters of A-Z a-z 0-9 `_` `-` `.`.
@@ -110,7 +126,15 @@ pub struct ToolSet {
     tools: Vec<Arc<Tool>>,
     /// Index into `tools` by name.
     by_name: HashMap<String, usize>,
+    /// What the definitions take serialized: what they add to an
+    /// `ovos.tools.list` answer, which must fit in one bus message.
+    bytes: usize,
 }
+
+/// Most bytes one toolbox's tool definitions may take on the bus: half the
+/// bus's message limit, so one toolbox cannot fill an `ovos.tools.list`
+/// answer on its own.
+pub const MAX_TOOLBOX_BYTES: usize = crate::bus::MAX_FRAME_BYTES / 2;
 
 impl ToolSet {
     /// Builds the set; a later duplicate name replaces nothing and is reported.
@@ -123,9 +147,22 @@ impl ToolSet {
                 continue;
             }
             set.by_name.insert(tool.name.clone(), set.tools.len());
+            set.bytes += serde_json::to_string(&tool.definition).map_or(0, |d| d.len());
             set.tools.push(Arc::new(tool));
         }
         (set, dropped)
+    }
+
+    /// Whether the definitions fit in [`MAX_TOOLBOX_BYTES`]; if not, why.
+    pub fn fits_on_the_bus(&self) -> Result<(), String> {
+        if self.bytes <= MAX_TOOLBOX_BYTES {
+            return Ok(());
+        }
+        Err(format!(
+            "its tool definitions take {} bytes on the bus, more than one toolbox may \
+             ({MAX_TOOLBOX_BYTES}, half the bus's message limit); list fewer or smaller tools",
+            self.bytes
+        ))
     }
 
     /// Compiles listed tools into a set; also returns why each tool left out

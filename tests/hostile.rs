@@ -675,3 +675,81 @@ async fn unfinished_messages_and_idle_connections_are_bounded() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A manifest for the faulty fixture with `fault`, failing for good on its
+/// first failed start, with `extra` TOML top-level keys.
+fn faulty_manifest(id: &str, fault: &str, extra: &str) -> String {
+    format!(
+        "id = \"{id}\"\ncommand = \"python3\"\nargs = [\"{}\"]\n\
+         env = {{ FAULT = \"{fault}\" {extra} }}\n[restart]\npolicy = \"never\"\n",
+        repo("tests/fixtures/faulty_toolbox.py")
+    )
+}
+
+#[tokio::test]
+async fn a_runaway_tool_listing_is_refused_with_a_reason() {
+    // 100,000 tiny tools took 1.5 GB and froze the daemon 3.7 s; a cursor
+    // that never ended held 1.7 GB, again at every restart. A listing is now
+    // bounded in pages, tools and bytes, and refused past a bound.
+    let dir = TempDir::new("runaway-list");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write("many.toml", &faulty_manifest("many", "many_tools", ""));
+    dir.write(
+        "endless.toml",
+        &faulty_manifest("endless", "endless_cursor", ""),
+    );
+    let daemon = Daemon::start(dir.path());
+    for (id, why) in [
+        ("many", "tools/list lists more than 1024 tools"),
+        ("endless", "tools/list returned more than 100 pages"),
+    ] {
+        let row = daemon.status(id);
+        assert_eq!(row["state"], "failed", "{row}");
+        assert!(row["reason"].as_str().unwrap().contains(why), "{row}");
+    }
+    assert!(
+        rss_kib(daemon.pid()) < 64 * 1024,
+        "daemon RSS {} KiB",
+        rss_kib(daemon.pid())
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_child_that_always_says_its_tools_changed_is_listed_once_a_second() {
+    // A child that sent list_changed while answering tools/list was listed
+    // again for ever (40 % of a core).
+    let dir = TempDir::new("changes-while-listed");
+    let events = dir.path().join("events");
+    dir.write(
+        "noisy.toml",
+        &faulty_manifest(
+            "noisy",
+            "changes_while_listed",
+            &format!(", FIXTURE_EVENTS = \"{}\"", events.display()),
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let listings = || {
+        std::fs::read_to_string(&events)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with("listed"))
+            .count()
+    };
+    // The endless refreshes start 0.2 s after the first listing.
+    common::wait_until("a refresh", Duration::from_secs(10), || listings() >= 2);
+    let start = listings();
+    let window = Duration::from_secs(3);
+    std::thread::sleep(window); // a measurement window, not a wait for an event
+    let during = listings() - start;
+    assert!(
+        (1..=4).contains(&during),
+        "{during} listings in {window:?} (at most one a second)"
+    );
+    assert_eq!(daemon.status("noisy")["state"], "ready");
+}

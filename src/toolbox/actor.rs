@@ -25,6 +25,10 @@ use crate::tool::ToolSet;
 const STOP_GRACE: Duration = Duration::from_secs(3);
 /// Liveness probes missed in a row before the child is killed.
 const MAX_MISSED_PROBES: u32 = 3;
+/// Least time between two tool-list refreshes a child asks for: a child that
+/// says `list_changed` without end (even while it is being listed) costs one
+/// listing a second, not a core.
+const REFRESH_GAP: Duration = Duration::from_secs(1);
 
 type Reply = oneshot::Sender<Outcome>;
 
@@ -93,6 +97,8 @@ enum Event {
     Child(ChildEvent),
     /// Time for the serving child's liveness probe.
     Probe,
+    /// Time for a tool-list refresh the child asked for earlier.
+    RefreshDue,
     /// The backoff delay or the failed cool-down is over.
     Timer,
 }
@@ -112,6 +118,9 @@ struct Running {
     missed: u32,
     /// Why we killed the child, once we did: said with its exit.
     killed_for: Option<String>,
+    /// When to list its tools again, if it said they changed too soon
+    /// after the last listing.
+    refresh_due: Option<tokio::time::Instant>,
 }
 
 /// A child that went down, as the restart policy and the failure report need it.
@@ -269,7 +278,14 @@ impl Actor {
                     mode
                 }
                 Event::Child(ChildEvent::ToolsChanged) => {
-                    if let Mode::Serving(running) = &mode {
+                    if let Mode::Serving(running) = &mut mode {
+                        self.tools_changed(running).await;
+                    }
+                    mode
+                }
+                Event::RefreshDue => {
+                    if let Mode::Serving(running) = &mut mode {
+                        running.refresh_due = None;
                         self.refresh(running, None).await;
                     }
                     mode
@@ -303,6 +319,10 @@ impl Actor {
             Mode::Failed { retry, .. } => *retry,
             _ => None,
         };
+        let refresh_due = match mode {
+            Mode::Serving(r) => r.refresh_due,
+            _ => None,
+        };
         let (child, events, serving, probe) = match mode {
             Mode::Serving(r) => (
                 Some(&r.child),
@@ -318,6 +338,7 @@ impl Actor {
             Some(event) = or_never(events.map(mpsc::UnboundedReceiver::recv)) => Event::Child(event),
             _ = or_never(probe.map(tokio::time::Interval::tick)) => Event::Probe,
             _ = or_never(timer.map(tokio::time::sleep_until)) => Event::Timer,
+            _ = or_never(refresh_due.map(tokio::time::sleep_until)) => Event::RefreshDue,
             command = self.commands.recv() => Event::Command(command),
         }
     }
@@ -482,6 +503,7 @@ impl Actor {
             probe: tokio::time::interval_at(tokio::time::Instant::now() + every, every),
             missed: 0,
             killed_for: None,
+            refresh_due: None,
         }
     }
 
@@ -536,6 +558,20 @@ impl Actor {
         self.budget.reset();
     }
 
+    /// The child said its tools changed: list them now, or at most once a
+    /// [`REFRESH_GAP`] (news queued meanwhile is one refresh).
+    async fn tools_changed(&mut self, running: &mut Running) {
+        while running.events.try_recv().is_ok() {}
+        let now = Instant::now();
+        match self.last_refresh {
+            Some(last) if now < last + REFRESH_GAP => {
+                let due = tokio::time::Instant::from_std(last + REFRESH_GAP);
+                running.refresh_due.get_or_insert(due);
+            }
+            _ => self.refresh(running, None).await,
+        }
+    }
+
     /// Lists the tools again and publishes them if they changed. A refresh
     /// requested before the last one started is already answered by it.
     async fn refresh(&mut self, running: &Running, requested: Option<Instant>) {
@@ -546,10 +582,18 @@ impl Actor {
         }
         self.last_refresh = Some(Instant::now());
         let limit = Duration::from_secs(self.manifest.limits.call_timeout_s);
-        match running.serving.session.list_tools(limit).await {
+        let max_bytes = self.manifest.limits.max_message_bytes;
+        match running.serving.session.list_tools(limit, max_bytes).await {
             Ok((specs, _)) if self.last_specs.as_ref() == Some(&specs) => {}
             Ok((specs, mut problems)) => {
                 let (tools, rejected) = ToolSet::compile(&self.manifest.id, specs.clone());
+                if let Err(why) = tools.fits_on_the_bus() {
+                    tracing::error!(
+                        toolbox = self.id(),
+                        "tool list not taken, the last one stays: {why}"
+                    );
+                    return;
+                }
                 problems.extend(rejected);
                 for problem in problems {
                     tracing::warn!(toolbox = self.id(), "tool left out: {problem}");
