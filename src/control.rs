@@ -2,37 +2,17 @@
 //! JSON-RPC, through which `toolboxd ctl` reads status and restarts, stops,
 //! starts and reloads toolboxes; and that client.
 //!
-//! The server only decodes requests; the daemon's main loop carries them out
-//! (see [`crate::daemon`]), one at a time, so operator actions never race.
+//! The server only decodes requests into [`Operation`]s and hands them to the
+//! operator channel ([`crate::operator`]), which carries them out.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot};
 
-use crate::registry::Catalog;
+use crate::operator::{Operation, Operators};
 use crate::shutdown::Shutdown;
-use crate::toolbox::State;
-
-/// An operator request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Method {
-    Status,
-    Restart(String),
-    Stop(String),
-    Start(String),
-    Reload,
-}
-
-/// A request for the daemon's main loop, with where to send the answer.
-pub struct Request {
-    /// What to do.
-    pub method: Method,
-    /// The result (JSON), or why it could not be done.
-    pub reply: oneshot::Sender<Result<Value, String>>,
-}
 
 /// Why the control socket cannot be served or reached.
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +97,7 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ControlError> {
 pub async fn serve(
     listener: UnixListener,
     path: PathBuf,
-    requests: mpsc::Sender<Request>,
+    operators: Operators,
     mut shutdown: Shutdown,
 ) {
     loop {
@@ -131,7 +111,7 @@ pub async fn serve(
                     tracing::warn!("control socket: refused a connection: {why}");
                     continue;
                 }
-                tokio::spawn(connection(stream, requests.clone()));
+                tokio::spawn(connection(stream, operators.clone()));
             }
             Err(e) => {
                 tracing::warn!("control socket accept failed: {e}");
@@ -170,11 +150,11 @@ fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 64 * 1024;
 
-async fn connection(stream: UnixStream, requests: mpsc::Sender<Request>) {
+async fn connection(stream: UnixStream, operators: Operators) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST)).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let answer = answer(&line, &requests).await;
+        let answer = answer(&line, &operators).await;
         let mut out = answer.to_string();
         out.push('\n');
         if write.write_all(out.as_bytes()).await.is_err() {
@@ -183,24 +163,19 @@ async fn connection(stream: UnixStream, requests: mpsc::Sender<Request>) {
     }
 }
 
-async fn answer(line: &str, requests: &mpsc::Sender<Request>) -> Value {
+async fn answer(line: &str, operators: &Operators) -> Value {
     let request: Value = match serde_json::from_str(line) {
         Ok(v) => v,
         Err(e) => return rpc_error(Value::Null, -32700, &format!("not JSON: {e}")),
     };
     let id = request.get("id").cloned().unwrap_or(Value::Null);
-    let method = match parse_method(&request) {
-        Ok(m) => m,
-        Err(e) => return rpc_error(id, -32602, &e),
+    let operation = match Operation::from_request(&request) {
+        Ok(operation) => operation,
+        Err(e) => return rpc_error(id, -32602, &e.to_string()),
     };
-    let (reply, wait) = oneshot::channel();
-    if requests.send(Request { method, reply }).await.is_err() {
-        return rpc_error(id, -32000, "the daemon is shutting down");
-    }
-    match wait.await {
-        Ok(Ok(result)) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-        Ok(Err(e)) => rpc_error(id, -32000, &e),
-        Err(_) => rpc_error(id, -32000, "the daemon is shutting down"),
+    match operators.ask(operation).await {
+        Ok(outcome) => json!({"jsonrpc": "2.0", "id": id, "result": outcome.into_json()}),
+        Err(refused) => rpc_error(id, -32000, &refused.to_string()),
     }
 }
 
@@ -208,69 +183,8 @@ fn rpc_error(id: Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
-fn parse_method(request: &Value) -> Result<Method, String> {
-    let method = request
-        .get("method")
-        .and_then(Value::as_str)
-        .ok_or("no method")?;
-    let id = || {
-        request
-            .get("params")
-            .and_then(|p| p.get("id"))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| format!("{method} needs params.id (a toolbox id)"))
-    };
-    Ok(match method {
-        "status" => Method::Status,
-        "reload" => Method::Reload,
-        "restart" => Method::Restart(id()?),
-        "stop" => Method::Stop(id()?),
-        "start" => Method::Start(id()?),
-        other => {
-            return Err(format!(
-                "unknown method {other:?}; use status, restart, stop, start or reload"
-            ))
-        }
-    })
-}
-
-/// One object per hosted toolbox, as `ctl status --json` prints it.
-pub fn status(catalog: &Catalog) -> Value {
-    let rows: Vec<Value> = catalog
-        .toolboxes()
-        .map(|(id, entry)| {
-            let s = entry.handle.stats().snapshot();
-            let reason = match &entry.state {
-                State::Failed { reason } | State::Conflict { reason } => Some(reason.clone()),
-                State::Restarting { last_exit } => Some(last_exit.clone()),
-                _ => None,
-            };
-            let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
-            json!({
-                "id": id,
-                "state": entry.state.name(),
-                "reason": reason,
-                "pids": entry.handle.pids(),
-                "instances": entry.handle.instances(),
-                "tools": entry.tools.len(),
-                "restarts": s.restarts,
-                "last_exit": s.last_exit,
-                "era": s.era,
-                "uptime_s": entry.handle.uptime().map(|u| u.as_secs()),
-                "calls_ok": s.calls_ok,
-                "calls_err": s.calls_err,
-                "in_flight": s.in_flight,
-                "p50_ms": ms(s.p50),
-                "p99_ms": ms(s.p99),
-            })
-        })
-        .collect();
-    Value::Array(rows)
-}
-
-/// Sends one request to the daemon on `path` and returns its result.
-pub async fn request(path: &Path, method: &str, params: Value) -> Result<Value, ControlError> {
+/// Sends `operation` to the daemon on `path` and returns its result.
+pub async fn request(path: &Path, operation: &Operation) -> Result<Value, ControlError> {
     let stream = UnixStream::connect(path)
         .await
         .map_err(|source| ControlError::Connect {
@@ -279,7 +193,8 @@ pub async fn request(path: &Path, method: &str, params: Value) -> Result<Value, 
         })?;
     let (read, mut write) = stream.into_split();
     let mut line =
-        json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+        json!({"jsonrpc": "2.0", "id": 1, "method": operation.name(), "params": operation.params()})
+            .to_string();
     line.push('\n');
     let protocol = |why: String| ControlError::Protocol {
         path: path.to_owned(),
