@@ -276,3 +276,165 @@ pub fn status_table(rows: &Value) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::{Outcome, Refused};
+    use crate::shutdown::ShutdownTrigger;
+
+    /// A private directory for one test's socket, removed at the end.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(tag: &str) -> Dir {
+            let dir =
+                std::env::temp_dir().join(format!("toolboxd-control-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("a temporary directory");
+            Dir(dir)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Serves a control socket in `dir` whose operations a stand-in carries
+    /// out: status has one row, restart knows no toolbox, the rest are done.
+    async fn serve_stand_in(dir: &Dir) -> (PathBuf, ShutdownTrigger) {
+        let path = dir.0.join("ctl.sock");
+        let listener = bind(&path).await.expect("bind");
+        let (operators, mut inbox) = crate::operator::channel();
+        let (trigger, shutdown) = ShutdownTrigger::new();
+        tokio::spawn(serve(listener, path.clone(), operators, shutdown));
+        tokio::spawn(async move {
+            while let Some(request) = inbox.recv().await {
+                let answer = match request.operation().clone() {
+                    Operation::Status => Ok(Outcome::Status(json!([{"id": "stand-in"}]))),
+                    Operation::Restart(id) => Err(Refused::NotHosted(id)),
+                    other => Ok(Outcome::Done(format!("{} done", other.name()))),
+                };
+                request.answer(answer);
+            }
+        });
+        (path, trigger)
+    }
+
+    /// Sends each line on one connection and returns the answers.
+    async fn exchange(path: &Path, lines: &[&str]) -> Vec<Value> {
+        let stream = UnixStream::connect(path).await.expect("connect");
+        let (read, mut write) = stream.into_split();
+        let mut answers = BufReader::new(read).lines();
+        let mut out = Vec::new();
+        for line in lines {
+            write
+                .write_all(format!("{line}\n").as_bytes())
+                .await
+                .expect("write");
+            let answer = answers.next_line().await.expect("read").expect("a line");
+            out.push(serde_json::from_str(&answer).expect("JSON"));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn the_socket_answers_operations_and_bad_requests_exactly() {
+        let dir = Dir::new("answers");
+        let (path, trigger) = serve_stand_in(&dir).await;
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path)
+            .expect("the socket")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let answers = exchange(
+            &path,
+            &[
+                r#"{"jsonrpc":"2.0","id":1,"method":"status","params":null}"#,
+                r#"{"jsonrpc":"2.0","id":2,"method":"frobnicate"}"#,
+                r#"{"jsonrpc":"2.0","id":3,"method":"stop","params":{}}"#,
+                r#"{"jsonrpc":"2.0","id":4,"params":{}}"#,
+                r#"{"jsonrpc":"2.0","id":5,"method":"restart","params":{"id":"nope"}}"#,
+                r#"{"jsonrpc":"2.0","id":6,"method":"start","params":{"id":"math"}}"#,
+                "not json",
+            ],
+        )
+        .await;
+        let error = |id: Value, code: i64, message: &str| json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+        assert_eq!(
+            answers[0],
+            json!({"jsonrpc": "2.0", "id": 1, "result": [{"id": "stand-in"}]})
+        );
+        assert_eq!(
+            answers[1],
+            error(
+                json!(2),
+                -32602,
+                "unknown method \"frobnicate\"; use status, restart, stop, start or reload"
+            )
+        );
+        assert_eq!(
+            answers[2],
+            error(json!(3), -32602, "stop needs params.id (a toolbox id)")
+        );
+        assert_eq!(answers[3], error(json!(4), -32602, "no method"));
+        assert_eq!(
+            answers[4],
+            error(
+                json!(5),
+                -32000,
+                "no toolbox \"nope\" is hosted here; see toolboxd ctl status"
+            )
+        );
+        assert_eq!(
+            answers[5],
+            json!({"jsonrpc": "2.0", "id": 6, "result": "start done"})
+        );
+        assert_eq!(answers[6]["id"], Value::Null);
+        assert_eq!(answers[6]["error"]["code"], -32700);
+        assert!(answers[6]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("not JSON: ")));
+
+        trigger.trigger();
+        for _ in 0..100 {
+            if !path.exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(!path.exists(), "the socket is removed at shutdown");
+    }
+
+    #[tokio::test]
+    async fn the_client_sends_the_wire_names_and_reads_results_and_errors() {
+        let dir = Dir::new("client");
+        let (path, _trigger) = serve_stand_in(&dir).await;
+        let rows = request(&path, &Operation::Status).await.expect("status");
+        assert_eq!(rows, json!([{"id": "stand-in"}]));
+        let done = request(&path, &Operation::Stop("math".to_owned()))
+            .await
+            .expect("stop");
+        assert_eq!(done, json!("stop done"));
+        let refused = request(&path, &Operation::Restart("nope".to_owned()))
+            .await
+            .expect_err("no such toolbox");
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "control socket {}: no toolbox \"nope\" is hosted here; see toolboxd ctl status",
+                path.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_second_server_on_a_live_socket_is_refused() {
+        let dir = Dir::new("in-use");
+        let (path, _trigger) = serve_stand_in(&dir).await;
+        assert!(matches!(bind(&path).await, Err(ControlError::InUse(p)) if p == path));
+    }
+}
