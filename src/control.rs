@@ -2,37 +2,17 @@
 //! JSON-RPC, through which `toolboxd ctl` reads status and restarts, stops,
 //! starts and reloads toolboxes; and that client.
 //!
-//! The server only decodes requests; the daemon's main loop carries them out
-//! (see [`crate::daemon`]), one at a time, so operator actions never race.
+//! The server only decodes requests into [`Operation`]s and hands them to the
+//! operator channel ([`crate::operator`]), which carries them out.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot};
 
-use crate::registry::Catalog;
+use crate::operator::{Operation, Operators};
 use crate::shutdown::Shutdown;
-use crate::toolbox::State;
-
-/// An operator request.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Method {
-    Status,
-    Restart(String),
-    Stop(String),
-    Start(String),
-    Reload,
-}
-
-/// A request for the daemon's main loop, with where to send the answer.
-pub struct Request {
-    /// What to do.
-    pub method: Method,
-    /// The result (JSON), or why it could not be done.
-    pub reply: oneshot::Sender<Result<Value, String>>,
-}
 
 /// Why the control socket cannot be served or reached.
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +97,7 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ControlError> {
 pub async fn serve(
     listener: UnixListener,
     path: PathBuf,
-    requests: mpsc::Sender<Request>,
+    operators: Operators,
     mut shutdown: Shutdown,
 ) {
     loop {
@@ -131,7 +111,7 @@ pub async fn serve(
                     tracing::warn!("control socket: refused a connection: {why}");
                     continue;
                 }
-                tokio::spawn(connection(stream, requests.clone()));
+                tokio::spawn(connection(stream, operators.clone()));
             }
             Err(e) => {
                 tracing::warn!("control socket accept failed: {e}");
@@ -170,11 +150,11 @@ fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
 /// Longest request line accepted.
 const MAX_REQUEST: u64 = 64 * 1024;
 
-async fn connection(stream: UnixStream, requests: mpsc::Sender<Request>) {
+async fn connection(stream: UnixStream, operators: Operators) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST)).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let answer = answer(&line, &requests).await;
+        let answer = answer(&line, &operators).await;
         let mut out = answer.to_string();
         out.push('\n');
         if write.write_all(out.as_bytes()).await.is_err() {
@@ -183,24 +163,19 @@ async fn connection(stream: UnixStream, requests: mpsc::Sender<Request>) {
     }
 }
 
-async fn answer(line: &str, requests: &mpsc::Sender<Request>) -> Value {
+async fn answer(line: &str, operators: &Operators) -> Value {
     let request: Value = match serde_json::from_str(line) {
         Ok(v) => v,
         Err(e) => return rpc_error(Value::Null, -32700, &format!("not JSON: {e}")),
     };
     let id = request.get("id").cloned().unwrap_or(Value::Null);
-    let method = match parse_method(&request) {
-        Ok(m) => m,
-        Err(e) => return rpc_error(id, -32602, &e),
+    let operation = match Operation::from_request(&request) {
+        Ok(operation) => operation,
+        Err(e) => return rpc_error(id, -32602, &e.to_string()),
     };
-    let (reply, wait) = oneshot::channel();
-    if requests.send(Request { method, reply }).await.is_err() {
-        return rpc_error(id, -32000, "the daemon is shutting down");
-    }
-    match wait.await {
-        Ok(Ok(result)) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
-        Ok(Err(e)) => rpc_error(id, -32000, &e),
-        Err(_) => rpc_error(id, -32000, "the daemon is shutting down"),
+    match operators.ask(operation).await {
+        Ok(outcome) => json!({"jsonrpc": "2.0", "id": id, "result": outcome.into_json()}),
+        Err(refused) => rpc_error(id, -32000, &refused.to_string()),
     }
 }
 
@@ -208,69 +183,8 @@ fn rpc_error(id: Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
-fn parse_method(request: &Value) -> Result<Method, String> {
-    let method = request
-        .get("method")
-        .and_then(Value::as_str)
-        .ok_or("no method")?;
-    let id = || {
-        request
-            .get("params")
-            .and_then(|p| p.get("id"))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-            .ok_or_else(|| format!("{method} needs params.id (a toolbox id)"))
-    };
-    Ok(match method {
-        "status" => Method::Status,
-        "reload" => Method::Reload,
-        "restart" => Method::Restart(id()?),
-        "stop" => Method::Stop(id()?),
-        "start" => Method::Start(id()?),
-        other => {
-            return Err(format!(
-                "unknown method {other:?}; use status, restart, stop, start or reload"
-            ))
-        }
-    })
-}
-
-/// One object per hosted toolbox, as `ctl status --json` prints it.
-pub fn status(catalog: &Catalog) -> Value {
-    let rows: Vec<Value> = catalog
-        .toolboxes()
-        .map(|(id, entry)| {
-            let s = entry.handle.stats().snapshot();
-            let reason = match &entry.state {
-                State::Failed { reason } | State::Conflict { reason } => Some(reason.clone()),
-                State::Restarting { last_exit } => Some(last_exit.clone()),
-                _ => None,
-            };
-            let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
-            json!({
-                "id": id,
-                "state": entry.state.name(),
-                "reason": reason,
-                "pids": entry.handle.pids(),
-                "instances": entry.handle.instances(),
-                "tools": entry.tools.len(),
-                "restarts": s.restarts,
-                "last_exit": s.last_exit,
-                "era": s.era,
-                "uptime_s": entry.handle.uptime().map(|u| u.as_secs()),
-                "calls_ok": s.calls_ok,
-                "calls_err": s.calls_err,
-                "in_flight": s.in_flight,
-                "p50_ms": ms(s.p50),
-                "p99_ms": ms(s.p99),
-            })
-        })
-        .collect();
-    Value::Array(rows)
-}
-
-/// Sends one request to the daemon on `path` and returns its result.
-pub async fn request(path: &Path, method: &str, params: Value) -> Result<Value, ControlError> {
+/// Sends `operation` to the daemon on `path` and returns its result.
+pub async fn request(path: &Path, operation: &Operation) -> Result<Value, ControlError> {
     let stream = UnixStream::connect(path)
         .await
         .map_err(|source| ControlError::Connect {
@@ -279,7 +193,8 @@ pub async fn request(path: &Path, method: &str, params: Value) -> Result<Value, 
         })?;
     let (read, mut write) = stream.into_split();
     let mut line =
-        json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+        json!({"jsonrpc": "2.0", "id": 1, "method": operation.name(), "params": operation.params()})
+            .to_string();
     line.push('\n');
     let protocol = |why: String| ControlError::Protocol {
         path: path.to_owned(),
@@ -360,4 +275,166 @@ pub fn status_table(rows: &Value) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operator::{Outcome, Refused};
+    use crate::shutdown::ShutdownTrigger;
+
+    /// A private directory for one test's socket, removed at the end.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(tag: &str) -> Dir {
+            let dir =
+                std::env::temp_dir().join(format!("toolboxd-control-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("a temporary directory");
+            Dir(dir)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Serves a control socket in `dir` whose operations a stand-in carries
+    /// out: status has one row, restart knows no toolbox, the rest are done.
+    async fn serve_stand_in(dir: &Dir) -> (PathBuf, ShutdownTrigger) {
+        let path = dir.0.join("ctl.sock");
+        let listener = bind(&path).await.expect("bind");
+        let (operators, mut inbox) = crate::operator::channel();
+        let (trigger, shutdown) = ShutdownTrigger::new();
+        tokio::spawn(serve(listener, path.clone(), operators, shutdown));
+        tokio::spawn(async move {
+            while let Some(request) = inbox.recv().await {
+                let answer = match request.operation().clone() {
+                    Operation::Status => Ok(Outcome::Status(json!([{"id": "stand-in"}]))),
+                    Operation::Restart(id) => Err(Refused::NotHosted(id)),
+                    other => Ok(Outcome::Done(format!("{} done", other.name()))),
+                };
+                request.answer(answer);
+            }
+        });
+        (path, trigger)
+    }
+
+    /// Sends each line on one connection and returns the answers.
+    async fn exchange(path: &Path, lines: &[&str]) -> Vec<Value> {
+        let stream = UnixStream::connect(path).await.expect("connect");
+        let (read, mut write) = stream.into_split();
+        let mut answers = BufReader::new(read).lines();
+        let mut out = Vec::new();
+        for line in lines {
+            write
+                .write_all(format!("{line}\n").as_bytes())
+                .await
+                .expect("write");
+            let answer = answers.next_line().await.expect("read").expect("a line");
+            out.push(serde_json::from_str(&answer).expect("JSON"));
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn the_socket_answers_operations_and_bad_requests_exactly() {
+        let dir = Dir::new("answers");
+        let (path, trigger) = serve_stand_in(&dir).await;
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path)
+            .expect("the socket")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let answers = exchange(
+            &path,
+            &[
+                r#"{"jsonrpc":"2.0","id":1,"method":"status","params":null}"#,
+                r#"{"jsonrpc":"2.0","id":2,"method":"frobnicate"}"#,
+                r#"{"jsonrpc":"2.0","id":3,"method":"stop","params":{}}"#,
+                r#"{"jsonrpc":"2.0","id":4,"params":{}}"#,
+                r#"{"jsonrpc":"2.0","id":5,"method":"restart","params":{"id":"nope"}}"#,
+                r#"{"jsonrpc":"2.0","id":6,"method":"start","params":{"id":"math"}}"#,
+                "not json",
+            ],
+        )
+        .await;
+        let error = |id: Value, code: i64, message: &str| json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}});
+        assert_eq!(
+            answers[0],
+            json!({"jsonrpc": "2.0", "id": 1, "result": [{"id": "stand-in"}]})
+        );
+        assert_eq!(
+            answers[1],
+            error(
+                json!(2),
+                -32602,
+                "unknown method \"frobnicate\"; use status, restart, stop, start or reload"
+            )
+        );
+        assert_eq!(
+            answers[2],
+            error(json!(3), -32602, "stop needs params.id (a toolbox id)")
+        );
+        assert_eq!(answers[3], error(json!(4), -32602, "no method"));
+        assert_eq!(
+            answers[4],
+            error(
+                json!(5),
+                -32000,
+                "no toolbox \"nope\" is hosted here; see toolboxd ctl status"
+            )
+        );
+        assert_eq!(
+            answers[5],
+            json!({"jsonrpc": "2.0", "id": 6, "result": "start done"})
+        );
+        assert_eq!(answers[6]["id"], Value::Null);
+        assert_eq!(answers[6]["error"]["code"], -32700);
+        assert!(answers[6]["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("not JSON: ")));
+
+        trigger.trigger();
+        for _ in 0..100 {
+            if !path.exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(!path.exists(), "the socket is removed at shutdown");
+    }
+
+    #[tokio::test]
+    async fn the_client_sends_the_wire_names_and_reads_results_and_errors() {
+        let dir = Dir::new("client");
+        let (path, _trigger) = serve_stand_in(&dir).await;
+        let rows = request(&path, &Operation::Status).await.expect("status");
+        assert_eq!(rows, json!([{"id": "stand-in"}]));
+        let done = request(&path, &Operation::Stop("math".to_owned()))
+            .await
+            .expect("stop");
+        assert_eq!(done, json!("stop done"));
+        let refused = request(&path, &Operation::Restart("nope".to_owned()))
+            .await
+            .expect_err("no such toolbox");
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "control socket {}: no toolbox \"nope\" is hosted here; see toolboxd ctl status",
+                path.display()
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_second_server_on_a_live_socket_is_refused() {
+        let dir = Dir::new("in-use");
+        let (path, _trigger) = serve_stand_in(&dir).await;
+        assert!(matches!(bind(&path).await, Err(ControlError::InUse(p)) if p == path));
+    }
 }

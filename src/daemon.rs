@@ -1,21 +1,28 @@
-//! `toolboxd run`: wires the bus, the supervisor and the service together and
-//! handles signals.
+//! `toolboxd run`, read top-down as its phases: find the bus, start up,
+//! serve, shut down. [`run`] runs the daemon until a [`Shutdown`];
+//! [`run_until_signalled`], what the binary runs, makes SIGTERM and SIGINT
+//! that shutdown. SIGHUP asks for a reload in both.
+//!
+//! The daemon can run inside another program (a test, say): see [`run`].
 
-use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::signal::unix::{signal, SignalKind};
-use tokio::sync::{mpsc, watch};
+use tokio::net::UnixListener;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 
 use crate::bus::{self, client, server};
 use crate::control;
 use crate::notify::Notifier;
+use crate::operator::{self, Inbox, Operation, Operator, Operators};
+use crate::peers::Peers;
 use crate::registry::Registry;
 use crate::service::Service;
-use crate::shutdown::ShutdownTrigger;
-use crate::supervisor::{ReloadReport, Supervisor};
+use crate::shutdown::{Shutdown, ShutdownTrigger};
+use crate::supervisor::Supervisor;
 
 /// Which bus the daemon uses.
 #[derive(Debug, Clone)]
@@ -29,7 +36,7 @@ pub enum BusMode {
 }
 
 /// Options of `toolboxd run`.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RunOptions {
     /// Directories of `*.toml` manifests.
     pub manifests: Vec<PathBuf>,
@@ -45,6 +52,18 @@ pub struct RunOptions {
     /// Let web pages of any origin use the embedded bus (default: loopback
     /// origins only).
     pub bus_any_origin: bool,
+    /// Told where the daemon serves once it is ready: with an embedded bus on
+    /// port 0, the only way for the caller to learn the port.
+    pub ready: Option<oneshot::Sender<Ready>>,
+}
+
+/// Where a ready daemon serves.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    /// The bus URL (for an embedded bus, with the port it was given).
+    pub bus: String,
+    /// The control socket.
+    pub control: PathBuf,
 }
 
 /// Why the daemon could not run.
@@ -63,183 +82,322 @@ pub enum DaemonError {
     Signals(std::io::Error),
 }
 
-/// Starts an embedded bus on `addr`; returns its URL.
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run_until_signalled(options: RunOptions) -> Result<(), DaemonError> {
+    let mut terminate = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    let (trigger, shutdown) = ShutdownTrigger::new();
+    let daemon = run(options, shutdown);
+    tokio::pin!(daemon);
+    tokio::select! {
+        result = &mut daemon => return result,
+        _ = terminate.recv() => {}
+        _ = interrupt.recv() => {}
+    }
+    trigger.trigger();
+    daemon.await
+}
+
+/// Runs the daemon until `stop`: finds the bus, starts up, serves, shuts down.
+/// Returns once every toolbox has stopped and the bus and the control socket
+/// are closed. A `stop` during start-up (the bus may be slow to come) cuts it
+/// short.
+///
+/// Run it on a current-thread runtime, as the binary does: a child gets a
+/// parent-death signal tied to the thread that spawned it. The keeper (see
+/// [`crate::keeper`]) runs only once [`crate::keeper::install`] has named the
+/// `toolboxd` executable; a program that embeds the daemon (a test) names the
+/// `toolboxd` binary there, never itself, or goes without a keeper.
+pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonError> {
+    let RunOptions {
+        manifests,
+        bus,
+        control,
+        host_only,
+        peer_probe,
+        bus_any_origin,
+        ready,
+    } = options;
+    // First, so that a second daemon on the same socket refuses before it
+    // starts anything.
+    let control_listener = control::bind(&control).await?;
+    // Before anything starts: an early SIGHUP must not end the daemon.
+    let hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+    let (finish, finished) = ShutdownTrigger::new();
+    let bus = find_bus(bus, bus_any_origin, &finished).await?;
+    let mut daemon = start(Start {
+        manifests,
+        bus,
+        control,
+        control_listener,
+        host_only,
+        peer_probe,
+        finish,
+        finished,
+    });
+    let stopping = if start_up(&mut daemon, &mut stop).await {
+        serve(daemon, stop, hangup, ready).await
+    } else {
+        tracing::info!("stopped before start-up finished");
+        Stopping {
+            supervisor: Some(daemon.supervisor),
+            closing: daemon.closing,
+            finish: daemon.finish,
+        }
+    };
+    shut_down(stopping).await;
+    Ok(())
+}
+
+/// The bus the daemon found.
+struct FoundBus {
+    /// Its URL.
+    url: String,
+    /// The connection made while looking, if one was.
+    first: Option<client::WsStream>,
+    /// The embedded bus, if the daemon serves one; ends after `finished`.
+    server: Option<JoinHandle<()>>,
+}
+
+/// Finds the bus: connects, or serves an embedded one (until `finished`).
+async fn find_bus(
+    mode: BusMode,
+    any_origin: bool,
+    finished: &Shutdown,
+) -> Result<FoundBus, DaemonError> {
+    let url = match mode {
+        BusMode::Embedded(addr) => return embed(addr, finished, any_origin).await,
+        BusMode::Connect(url) => {
+            return Ok(FoundBus {
+                url,
+                first: None,
+                server: None,
+            })
+        }
+        BusMode::Auto => configured_url(),
+    };
+    match client::connect(&url).await {
+        Ok(ws) => Ok(FoundBus {
+            url,
+            first: Some(ws),
+            server: None,
+        }),
+        Err(e) if e.is_refused() => {
+            tracing::info!(
+                "no messagebus at {url}; serving an embedded bus there (for a machine \
+                 where toolboxd is the only bus user)"
+            );
+            let addr = client::socket_addr(&url).await?;
+            embed(addr, finished, any_origin).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The bus mycroft.conf names (its problems and sources logged).
+fn configured_url() -> String {
+    let settings = bus::config::lookup();
+    for warning in &settings.warnings {
+        tracing::warn!("{warning}");
+    }
+    if !settings.sources.is_empty() {
+        let files: Vec<String> = settings
+            .sources
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        tracing::info!(bus = %settings.url, "bus address from {}", files.join(", "));
+    }
+    settings.url
+}
+
+/// Starts an embedded bus on `addr`, until `finished`.
 async fn embed(
     addr: SocketAddr,
-    shutdown: crate::shutdown::Shutdown,
+    finished: &Shutdown,
     any_origin: bool,
-) -> Result<String, DaemonError> {
+) -> Result<FoundBus, DaemonError> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(|source| DaemonError::Bind { addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
-    tokio::spawn(server::serve(listener, shutdown, any_origin));
+    let serving = tokio::spawn(server::serve(listener, finished.clone(), any_origin));
     tracing::info!(addr = %local, "embedded bus listening");
-    Ok(format!("ws://{local}{}", server::ROUTE))
+    Ok(FoundBus {
+        url: format!("ws://{local}{}", server::ROUTE),
+        first: None,
+        server: Some(serving),
+    })
 }
 
-/// Runs the daemon until SIGTERM or SIGINT.
-pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
-    let (trigger, shutdown) = ShutdownTrigger::new();
-    // First, so that a second daemon on the same socket refuses before it
-    // starts anything.
-    let control_listener = control::bind(&options.control).await?;
-    let mut terminate = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
-    let mut interrupt = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
-    let mut hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+/// What [`start`] needs.
+struct Start {
+    /// Directories of manifests.
+    manifests: Vec<PathBuf>,
+    /// The bus found.
+    bus: FoundBus,
+    /// The control socket's path, removed when it closes.
+    control: PathBuf,
+    /// The control socket, bound.
+    control_listener: UnixListener,
+    /// Leave `ovos.tools.*` to another daemon.
+    host_only: bool,
+    /// How long to listen for other hosts' toolbox ids.
+    peer_probe: std::time::Duration,
+    /// Closes the bus connection, the embedded bus and the control socket.
+    finish: ShutdownTrigger,
+    /// What `finish` flips.
+    finished: Shutdown,
+}
 
-    let (url, first) = match options.bus {
-        BusMode::Embedded(addr) => (
-            embed(addr, shutdown.clone(), options.bus_any_origin).await?,
-            None,
-        ),
-        BusMode::Connect(url) => (url, None),
-        BusMode::Auto => {
-            let settings = bus::config::lookup();
-            for warning in &settings.warnings {
-                tracing::warn!("{warning}");
-            }
-            let url = settings.url;
-            if !settings.sources.is_empty() {
-                let files: Vec<String> = settings
-                    .sources
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect();
-                tracing::info!(bus = %url, "bus address from {}", files.join(", "));
-            }
-            match client::connect(&url).await {
-                Ok(ws) => (url, Some(ws)),
-                Err(e) if e.is_refused() => {
-                    tracing::info!(
-                        "no messagebus at {url}; serving an embedded bus there (for a machine \
-                         where toolboxd is the only bus user)"
-                    );
-                    let addr = client::socket_addr(&url).await?;
-                    (
-                        embed(addr, shutdown.clone(), options.bus_any_origin).await?,
-                        None,
-                    )
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    };
+/// The daemon between start and shutdown.
+struct Daemon {
+    /// The bus in use.
+    url: String,
+    /// The control socket's path.
+    control: PathBuf,
+    /// The catalog of hosted toolboxes.
+    registry: Arc<Registry>,
+    /// The set of toolboxes (the operator's while the daemon serves).
+    supervisor: Supervisor,
+    /// The check for other hosts' toolbox ids.
+    peers: Arc<Peers>,
+    /// The operator channel: the doors (control socket, bus) hold clones;
+    /// SIGHUP uses this one.
+    operators: Operators,
+    /// Requests through the operator channel, for the operator once it runs.
+    inbox: Inbox,
+    /// Whether the bus connection is up.
+    connected: watch::Receiver<bool>,
+    /// The bus connection, the embedded bus and the control socket: they end
+    /// after `finish`.
+    closing: Vec<JoinHandle<()>>,
+    /// Closes the bus connection, the embedded bus and the control socket.
+    finish: ShutdownTrigger,
+}
 
+/// Starts every piece: the toolboxes (not yet on the bus), the service and
+/// its bus connection, the control socket.
+fn start(start: Start) -> Daemon {
+    let Start {
+        manifests,
+        bus,
+        control,
+        control_listener,
+        host_only,
+        peer_probe,
+        finish,
+        finished,
+    } = start;
     let registry = Arc::new(Registry::default());
-    let (mut supervisor, errors) = Supervisor::start(options.manifests, registry.clone());
+    let (supervisor, errors) = Supervisor::start(manifests, registry.clone());
     for e in &errors {
         tracing::error!("{e}");
     }
+    let (operators, inbox) = operator::channel();
     let (out_tx, out_rx) = mpsc::unbounded_channel();
-    let (reload_tx, mut reload_rx) = mpsc::channel(8);
-    let service = Service::new(registry.clone(), out_tx, reload_tx, !options.host_only);
-    let peer_probe = options.peer_probe;
-    let (connected_tx, mut connected) = watch::channel(false);
+    let peers = Arc::new(Peers::new(out_tx.clone(), peer_probe));
+    let service = Service::new(
+        registry.clone(),
+        out_tx,
+        operators.clone(),
+        peers.clone(),
+        !host_only,
+    );
+    let (connected_tx, connected) = watch::channel(false);
     let bus_task = tokio::spawn(client::run(
-        url.clone(),
-        first,
+        bus.url.clone(),
+        bus.first,
         out_rx,
-        {
-            let service = service.clone();
-            move |frame| service.dispatch(frame)
-        },
+        move |frame| service.dispatch(frame),
         connected_tx,
-        shutdown.clone(),
+        finished.clone(),
     ));
-
-    let (control_tx, mut control_rx) = mpsc::channel(8);
-    tokio::spawn(control::serve(
+    let control_task = tokio::spawn(control::serve(
         control_listener,
-        options.control.clone(),
-        control_tx,
-        shutdown.clone(),
+        control.clone(),
+        operators.clone(),
+        finished,
     ));
-    tracing::info!(path = %options.control.display(), "control socket listening");
-
-    // Start-up (the bus may be slow to come, with --bus) can be cut short by
-    // the same signals as the running daemon.
-    let started = tokio::select! {
-        _ = async {
-            let _ = connected.wait_for(|up| *up).await;
-            let taken = peers(&service, peer_probe).await;
-            supervisor.admit(&taken).await;
-            tracing::info!("taking calls; waiting for the toolboxes to finish starting");
-            supervisor.wait_started().await;
-        } => true,
-        _ = terminate.recv() => false,
-        _ = interrupt.recv() => false,
-    };
-    if !started {
-        tracing::info!("stopped before start-up finished");
-        supervisor.shutdown().await;
-        trigger.trigger();
-        let _ = bus_task.await;
-        return Ok(());
+    tracing::info!(path = %control.display(), "control socket listening");
+    Daemon {
+        url: bus.url,
+        control,
+        registry,
+        supervisor,
+        peers,
+        operators,
+        inbox,
+        connected,
+        closing: [Some(bus_task), Some(control_task), bus.server]
+            .into_iter()
+            .flatten()
+            .collect(),
+        finish,
     }
-    let catalog = registry.snapshot();
+}
+
+/// Waits for the bus, puts the toolboxes on it (but those another host
+/// already answers for) and waits for them to finish starting. `false` if
+/// `stop` came first.
+async fn start_up(daemon: &mut Daemon, stop: &mut Shutdown) -> bool {
+    let started = async {
+        let _ = daemon.connected.wait_for(|up| *up).await;
+        let taken = daemon.peers.probe().await;
+        daemon.supervisor.admit(&taken).await;
+        tracing::info!("taking calls; waiting for the toolboxes to finish starting");
+        daemon.supervisor.wait_started().await;
+    };
+    tokio::select! {
+        _ = started => true,
+        _ = stop.recv() => false,
+    }
+}
+
+/// Serves until `stop`: the operator carries out operator requests in a task
+/// of its own, and this loop, which turns SIGHUP into a reload and pings the
+/// watchdog, never waits on a toolbox or a reload. Returns what shutdown
+/// needs.
+async fn serve(
+    daemon: Daemon,
+    mut stop: Shutdown,
+    mut hangup: Signal,
+    ready: Option<oneshot::Sender<Ready>>,
+) -> Stopping {
+    let catalog = daemon.registry.snapshot();
     tracing::info!(
-        bus = %url,
+        bus = %daemon.url,
         toolboxes = catalog.toolboxes().count(),
         tools = catalog.listed_tool_count(),
         "ready"
     );
-
     let notifier = Arc::new(Notifier::from_env());
     notifier.send(&format!(
         "READY=1\nSTATUS=serving {} toolboxes",
         catalog.toolboxes().count()
     ));
-    // The supervisor gets a task of its own: this loop, which serves signals
-    // and pings the watchdog, never waits on a toolbox or a reload.
-    let (reloads, reload_requests) = mpsc::unbounded_channel();
-    let supervising = tokio::spawn(supervise(
-        supervisor,
-        reload_requests,
-        service.clone(),
-        peer_probe,
+    if let Some(ready) = ready {
+        let _ = ready.send(Ready {
+            bus: daemon.url.clone(),
+            control: daemon.control.clone(),
+        });
+    }
+    let (stop_operating, operating) = ShutdownTrigger::new();
+    let operator = Operator::new(
+        daemon.supervisor,
+        daemon.registry.clone(),
+        daemon.peers.clone(),
         notifier.clone(),
-    ));
+    );
+    let operator = tokio::spawn(operator.run(daemon.inbox, operating));
     // The watchdog is pinged from this loop, so a stuck loop stops the pings.
     let mut watchdog = notifier.watchdog_interval().map(tokio::time::interval);
     loop {
         tokio::select! {
-            _ = terminate.recv() => break,
-            _ = interrupt.recv() => break,
+            _ = stop.recv() => break,
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading manifests");
-                let (reply, _) = tokio::sync::oneshot::channel();
-                let _ = reloads.send(reply);
-            }
-            Some(reply) = reload_rx.recv() => {
-                let _ = reloads.send(reply);
-            }
-            Some(request) = control_rx.recv() => {
-                let reply = request.reply;
-                let registry = registry.clone();
-                // Only a reload task holds the reload queue, and only until it
-                // has queued its request: shutdown waits for no other task.
-                let reloads = matches!(request.method, control::Method::Reload)
-                    .then(|| reloads.clone());
-                // Each operator request runs as a task and answers when done.
-                tokio::spawn(async move {
-                    let answer = match request.method {
-                        control::Method::Reload => {
-                            let (tx, rx) = tokio::sync::oneshot::channel();
-                            if let Some(reloads) = reloads {
-                                let _ = reloads.send(tx);
-                            }
-                            rx.await
-                                .map(|report| reload_json(&report))
-                                .map_err(|_| "the daemon is shutting down".to_owned())
-                        }
-                        control::Method::Status => Ok(control::status(&registry.snapshot())),
-                        control::Method::Restart(id) => operate(&registry, &id, Action::Restart).await,
-                        control::Method::Stop(id) => operate(&registry, &id, Action::Stop).await,
-                        control::Method::Start(id) => operate(&registry, &id, Action::Start).await,
-                    };
-                    let _ = reply.send(answer);
-                });
+                daemon.operators.tell(Operation::Reload);
             }
             _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => {
                 notifier.send("WATCHDOG=1");
@@ -248,97 +406,31 @@ pub async fn run(options: RunOptions) -> Result<(), DaemonError> {
     }
     notifier.send("STOPPING=1");
     tracing::info!("shutting down: draining calls and stopping toolboxes");
-    drop(reloads);
-    if let Ok(supervisor) = supervising.await {
+    stop_operating.trigger();
+    Stopping {
+        supervisor: operator.await.ok(),
+        closing: daemon.closing,
+        finish: daemon.finish,
+    }
+}
+
+/// What shutdown stops.
+struct Stopping {
+    /// The toolboxes (`None` if the operator that held them panicked).
+    supervisor: Option<Supervisor>,
+    /// The bus connection, the embedded bus and the control socket.
+    closing: Vec<JoinHandle<()>>,
+    /// Closes the bus connection, the embedded bus and the control socket.
+    finish: ShutdownTrigger,
+}
+
+/// Stops every toolbox (in-flight calls drain), then closes the bus and the
+/// control socket (whose file is removed) and waits until they are closed.
+async fn shut_down(stopping: Stopping) {
+    if let Some(supervisor) = stopping.supervisor {
         supervisor.shutdown().await;
     }
-    trigger.trigger();
-    let _ = bus_task.await;
+    stopping.finish.trigger();
+    futures_util::future::join_all(stopping.closing).await;
     tracing::info!("stopped");
-    Ok(())
-}
-
-/// Owns the supervisor while the daemon serves: runs reloads one at a time,
-/// and answers every request that arrived during a reload with the next one
-/// (so a burst of reloads costs one or two). Returns the supervisor when the
-/// requests end (shutdown).
-async fn supervise(
-    mut supervisor: Supervisor,
-    mut requests: mpsc::UnboundedReceiver<tokio::sync::oneshot::Sender<ReloadReport>>,
-    service: Arc<Service>,
-    peer_probe: std::time::Duration,
-    notifier: Arc<Notifier>,
-) -> Supervisor {
-    while let Some(first) = requests.recv().await {
-        let mut waiting = vec![first];
-        while let Ok(more) = requests.try_recv() {
-            waiting.push(more);
-        }
-        if waiting.len() > 1 {
-            tracing::info!(
-                requests = waiting.len(),
-                "reload requests coalesced into one"
-            );
-        }
-        let report = reload(&mut supervisor, &service, peer_probe, &notifier).await;
-        for reply in waiting {
-            let _ = reply.send(report.clone());
-        }
-    }
-    supervisor
-}
-
-/// What an operator can do to one toolbox.
-enum Action {
-    Restart,
-    Stop,
-    Start,
-}
-
-/// Carries out an operator's action on toolbox `id`.
-async fn operate(
-    registry: &Registry,
-    id: &str,
-    action: Action,
-) -> Result<serde_json::Value, String> {
-    let handle = registry
-        .snapshot()
-        .toolbox(id)
-        .map(|entry| entry.handle.clone())
-        .ok_or_else(|| format!("no toolbox {id:?} is hosted here; see toolboxd ctl status"))?;
-    let outcome = match action {
-        Action::Restart => handle.restart().await,
-        Action::Stop => handle.stop().await,
-        Action::Start => handle.start().await,
-    };
-    outcome.map(serde_json::Value::String)
-}
-
-/// Toolbox ids other hosts on the bus answer for.
-async fn peers(service: &Service, window: std::time::Duration) -> BTreeSet<String> {
-    if window.is_zero() {
-        return BTreeSet::new();
-    }
-    service.probe_peers(window).await
-}
-
-/// A reload, announced to systemd around it.
-async fn reload(
-    supervisor: &mut Supervisor,
-    service: &Service,
-    window: std::time::Duration,
-    notifier: &Notifier,
-) -> ReloadReport {
-    notifier.send(&format!(
-        "RELOADING=1\nMONOTONIC_USEC={}",
-        crate::notify::monotonic_usec()
-    ));
-    let taken = peers(service, window).await;
-    let report = supervisor.reload(&taken).await;
-    notifier.send("READY=1");
-    report
-}
-
-fn reload_json(report: &ReloadReport) -> serde_json::Value {
-    serde_json::json!({"loaded": report.loaded, "errors": report.errors_json()})
 }

@@ -31,6 +31,10 @@ static EXECUTABLE: OnceLock<PathBuf> = OnceLock::new();
 static KEEPER: OnceLock<Option<Keeper>> = OnceLock::new();
 
 /// Registers the executable that runs the keeper (the `toolboxd` binary).
+/// Only that binary knows [`SUBCOMMAND`]: a program that runs the daemon
+/// inside itself (a test, with `env!("CARGO_BIN_EXE_toolboxd")`) names the
+/// `toolboxd` binary here, never its own executable, or has no keeper.
+/// The first registration wins.
 pub fn install(executable: PathBuf) {
     let _ = EXECUTABLE.set(executable);
 }

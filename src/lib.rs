@@ -3,10 +3,16 @@
 //!
 //! Map of the modules, from the outside in:
 //!
-//! - [`daemon`]: `toolboxd run`, wiring the pieces below together; signals.
+//! - [`daemon`]: `toolboxd run` as its phases (find the bus, start up, serve,
+//!   shut down), wiring the pieces below together; signals.
 //! - [`bus`]: the OVOS-MSG-1 [`bus::envelope`], a reconnecting
 //!   [`bus::client`], the embedded [`bus::server`], socket options.
 //! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
+//! - [`peers`]: the multi-host check: which toolbox ids other hosts on the
+//!   bus already answer for.
+//! - [`operator`]: the operator channel: the operations (status, reload,
+//!   restart, stop, start), their wire names, and the one place they are
+//!   carried out, whether asked by the control socket, SIGHUP or the bus.
 //! - [`answers`]: how a call's outcome reads on the bus: result mapping and
 //!   every error text.
 //! - [`registry`]: the catalog of hosted toolboxes and their tools.
@@ -24,7 +30,8 @@
 //!   toolbox's whole tree (`setsid` included) ends with it.
 //! - [`mcp`]: JSON-RPC and MCP model types (pure).
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
-//! - [`control`]: the control socket and `toolboxd ctl`.
+//! - [`control`]: the control socket (one door to the operator channel) and
+//!   its client, `toolboxd ctl`.
 //! - [`check`], [`caller`], [`scaffold`]: the `check`, `list`, `call` and
 //!   `new` commands.
 //! - [`notify`]: systemd readiness and watchdog notifications.
@@ -45,6 +52,8 @@ pub mod launch;
 pub mod manifest;
 pub mod mcp;
 pub mod notify;
+pub mod operator;
+pub mod peers;
 pub mod registry;
 pub mod scaffold;
 pub mod service;

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use toolboxd::bus::envelope::Object;
 use toolboxd::daemon::{self, BusMode, RunOptions};
+use toolboxd::operator::Operation;
 
 #[derive(Parser)]
 #[command(
@@ -217,13 +218,14 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 (None, Some(addr)) => BusMode::Embedded(addr),
                 (None, None) => BusMode::Auto,
             };
-            daemon::run(RunOptions {
+            daemon::run_until_signalled(RunOptions {
                 manifests,
                 bus,
                 control,
                 host_only,
                 peer_probe: Duration::from_millis(peer_probe_ms),
                 bus_any_origin: bus_allow_any_origin,
+                ready: None,
             })
             .await?;
             Ok(ExitCode::SUCCESS)
@@ -233,14 +235,14 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 Some(path) => path,
                 None => toolboxd::control::default_path()?,
             };
-            let (method, params) = match &action {
-                CtlAction::Status { .. } => ("status", Value::Null),
-                CtlAction::Restart { id } => ("restart", serde_json::json!({"id": id})),
-                CtlAction::Stop { id } => ("stop", serde_json::json!({"id": id})),
-                CtlAction::Start { id } => ("start", serde_json::json!({"id": id})),
-                CtlAction::Reload => ("reload", Value::Null),
+            let operation = match &action {
+                CtlAction::Status { .. } => Operation::Status,
+                CtlAction::Restart { id } => Operation::Restart(id.clone()),
+                CtlAction::Stop { id } => Operation::Stop(id.clone()),
+                CtlAction::Start { id } => Operation::Start(id.clone()),
+                CtlAction::Reload => Operation::Reload,
             };
-            let result = toolboxd::control::request(&path, method, params).await?;
+            let result = toolboxd::control::request(&path, &operation).await?;
             match (&action, &result) {
                 (CtlAction::Status { json: false }, rows) => {
                     emit(&toolboxd::control::status_table(rows))?

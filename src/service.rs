@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::answers;
 use crate::bus::envelope::{Message, Object};
 use crate::manifest::valid_id;
 use crate::object;
+use crate::operator::{Operation, Operators, Outcome};
+use crate::peers::{Asker, Peers};
 use crate::registry::{Catalog, Registry, Resolved};
-use crate::supervisor::ReloadReport;
 use crate::tool::Tool;
 use crate::toolbox::{State, ToolboxHandle};
 
@@ -33,27 +34,20 @@ pub const GET: &str = "ovos.tools.get";
 pub const INVOKE: &str = "ovos.tools.invoke";
 pub const RELOAD: &str = "ovos.tools.reload";
 
-/// A request to rescan the manifests, answered with what happened.
-pub type ReloadRequest = oneshot::Sender<ReloadReport>;
-
-/// The context key that marks a daemon's discovery of other hosts.
-const PROBE_KEY: &str = "toolboxd_probe";
-
 /// Answers the topics, for the toolboxes in the registry.
 pub struct Service {
     /// The catalog of hosted toolboxes.
     registry: Arc<Registry>,
     /// Encoded frames to send on the bus.
     out: mpsc::UnboundedSender<String>,
-    /// The supervisor, for `ovos.tools.reload`.
-    reload: mpsc::Sender<ReloadRequest>,
+    /// The operator channel, for `ovos.tools.reload`.
+    operators: Operators,
     /// `false` for a toolbox host only: the flat `ovos.tools.*` topics are
     /// left to another daemon on the bus.
     flat: bool,
-    /// This daemon's mark on its discovery of other hosts (see `probe_peers`).
-    instance: String,
-    /// Where toolbox ids answered by other hosts go while a probe runs.
-    peers: std::sync::Mutex<Option<mpsc::UnboundedSender<String>>>,
+    /// This daemon's check for other hosts: it hears the answers to its
+    /// probe, and tells its probe from another daemon's.
+    peers: Arc<Peers>,
 }
 
 /// The one field read before deciding whether a frame is ours.
@@ -95,61 +89,22 @@ fn route(topic: &str) -> Option<Topic> {
 }
 
 impl Service {
-    /// A service answering for `registry`, sending on `out`.
+    /// A service answering for `registry`, sending on `out`; reloads go to
+    /// `operators`.
     pub fn new(
         registry: Arc<Registry>,
         out: mpsc::UnboundedSender<String>,
-        reload: mpsc::Sender<ReloadRequest>,
+        operators: Operators,
+        peers: Arc<Peers>,
         flat: bool,
     ) -> Arc<Service> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
         Arc::new(Service {
             registry,
             out,
-            reload,
+            operators,
             flat,
-            instance: format!("toolboxd-{}-{nanos}", std::process::id()),
-            peers: std::sync::Mutex::new(None),
+            peers,
         })
-    }
-
-    /// Asks every host on the bus which toolboxes it answers for (a
-    /// `ovos.persona.tools.discover` of our own, which our own service does
-    /// not answer) and collects the ids for `window`.
-    pub async fn probe_peers(&self, window: Duration) -> std::collections::BTreeSet<String> {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
-        let mut probe = Message::new(DISCOVER, Object::new());
-        probe
-            .context
-            .insert("source".to_owned(), Value::String("toolboxd".to_owned()));
-        probe
-            .context
-            .insert(PROBE_KEY.to_owned(), Value::String(self.instance.clone()));
-        self.send(probe);
-        tokio::time::sleep(window).await;
-        *self.peers.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        let mut ids = std::collections::BTreeSet::new();
-        while let Ok(id) = rx.try_recv() {
-            ids.insert(id);
-        }
-        ids
-    }
-
-    /// A discover response to our probe: note the id another host answers for.
-    fn note_peer(&self, frame: &str) {
-        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(tx) = peers.as_ref() else { return };
-        let Ok(answer) = Message::decode(frame) else {
-            return;
-        };
-        let ours = answer.context.get(PROBE_KEY).and_then(Value::as_str) == Some(&self.instance);
-        if let (true, Some(id)) = (ours, answer.data.get("toolbox_id").and_then(Value::as_str)) {
-            let _ = tx.send(id.to_owned());
-        }
     }
 
     /// Handles one incoming frame without waiting: malformed frames are logged
@@ -174,7 +129,7 @@ impl Service {
             },
         };
         if topic == DISCOVER_RESPONSE {
-            self.note_peer(frame);
+            self.peers.note(frame);
             return;
         }
         let Some(topic) = route(&topic) else { return };
@@ -230,10 +185,10 @@ impl Service {
     /// Another daemon's probe is answered at once, without refreshing; our own
     /// probe is not answered.
     async fn discover(&self, request: &Message) {
-        match request.context.get(PROBE_KEY).and_then(Value::as_str) {
-            Some(mark) if mark == self.instance => return,
-            Some(_) => return self.answer_discover(request),
-            None => {}
+        match self.peers.asker(request) {
+            Asker::Us => return,
+            Asker::Peer => return self.answer_discover(request),
+            Asker::Client => {}
         }
         let before = self.registry.snapshot();
         let refreshes: Vec<_> = before
@@ -383,12 +338,7 @@ impl Service {
     }
 
     async fn reload(&self, request: &Message) {
-        let (tx, rx) = oneshot::channel();
-        let report = match self.reload.send(tx).await {
-            Ok(()) => rx.await.ok(),
-            Err(_) => None,
-        };
-        let Some(report) = report else {
+        let Ok(Outcome::Reloaded(report)) = self.operators.ask(Operation::Reload).await else {
             tracing::warn!("reload requested while shutting down; ignored");
             return;
         };

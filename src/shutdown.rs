@@ -34,4 +34,9 @@ impl Shutdown {
     pub async fn recv(&mut self) {
         let _ = self.rx.wait_for(|down| *down).await;
     }
+
+    /// Whether shutdown has begun, without waiting.
+    pub fn is_down(&self) -> bool {
+        *self.rx.borrow() || self.rx.has_changed().is_err()
+    }
 }

@@ -1,0 +1,514 @@
+//! The operator channel: what an operator can ask of a running daemon, and
+//! the one place it is carried out.
+//!
+//! Three doors lead here: the control socket (`toolboxd ctl`, see
+//! [`crate::control`]), SIGHUP, and the bus topic `ovos.tools.reload` (see
+//! [`crate::service`]). Each sends an [`Operation`] through an [`Operators`]
+//! handle; the [`Operator`] owns the supervisor and carries every operation
+//! out. Reloads run one at a time, and every reload asked for while one runs
+//! is answered by the next one, so a burst of reloads costs one or two. The
+//! other operations never wait for a reload: each runs as a task of its own.
+//!
+//! The wire names of the operations (the control socket's JSON-RPC methods)
+//! are defined here once, for the daemon that parses them and for `toolboxd
+//! ctl` that sends them.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::notify::Notifier;
+use crate::peers::Peers;
+use crate::registry::{Catalog, Registry};
+use crate::shutdown::Shutdown;
+use crate::supervisor::{ReloadReport, Supervisor};
+use crate::toolbox::{State, ToolboxHandle};
+
+const STATUS: &str = "status";
+const RESTART: &str = "restart";
+const STOP: &str = "stop";
+const START: &str = "start";
+const RELOAD: &str = "reload";
+
+/// An operator request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Operation {
+    /// One row per hosted toolbox.
+    Status,
+    /// A rolling restart of toolbox `id`.
+    Restart(String),
+    /// Drain and stop toolbox `id`.
+    Stop(String),
+    /// Start toolbox `id` (stopped or failed).
+    Start(String),
+    /// Re-read the manifests and apply the difference.
+    Reload,
+}
+
+/// Why a request names no operation; the text is the control socket's error
+/// message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadRequest {
+    #[error("no method")]
+    NoMethod,
+    #[error("{0} needs params.id (a toolbox id)")]
+    NoId(&'static str),
+    #[error("unknown method {0:?}; use {known}", known = Operation::known())]
+    Unknown(String),
+}
+
+impl Operation {
+    /// Every wire name, in the order the help lists them.
+    pub const NAMES: [&'static str; 5] = [STATUS, RESTART, STOP, START, RELOAD];
+
+    /// The wire name (the control socket's JSON-RPC method).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Operation::Status => STATUS,
+            Operation::Restart(_) => RESTART,
+            Operation::Stop(_) => STOP,
+            Operation::Start(_) => START,
+            Operation::Reload => RELOAD,
+        }
+    }
+
+    /// The JSON-RPC params: `{"id": ID}` for an operation on one toolbox,
+    /// else null.
+    pub fn params(&self) -> Value {
+        match self {
+            Operation::Status | Operation::Reload => Value::Null,
+            Operation::Restart(id) | Operation::Stop(id) | Operation::Start(id) => {
+                json!({ "id": id })
+            }
+        }
+    }
+
+    /// The operation a wire name and its params (null when absent) ask for.
+    pub fn parse(method: &str, params: &Value) -> Result<Operation, BadRequest> {
+        let id = |name: &'static str| {
+            params
+                .get("id")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .ok_or(BadRequest::NoId(name))
+        };
+        Ok(match method {
+            STATUS => Operation::Status,
+            RELOAD => Operation::Reload,
+            RESTART => Operation::Restart(id(RESTART)?),
+            STOP => Operation::Stop(id(STOP)?),
+            START => Operation::Start(id(START)?),
+            other => return Err(BadRequest::Unknown(other.to_owned())),
+        })
+    }
+
+    /// The operation a JSON-RPC request object asks for.
+    pub fn from_request(request: &Value) -> Result<Operation, BadRequest> {
+        let method = request
+            .get("method")
+            .and_then(Value::as_str)
+            .ok_or(BadRequest::NoMethod)?;
+        Operation::parse(method, request.get("params").unwrap_or(&Value::Null))
+    }
+
+    /// "status, restart, stop, start or reload".
+    fn known() -> String {
+        let (last, rest) = Operation::NAMES
+            .split_last()
+            .map_or(("", &[][..]), |(last, rest)| (*last, rest));
+        format!("{} or {last}", rest.join(", "))
+    }
+}
+
+/// What an operation did.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// The status rows (see [`status`]).
+    Status(Value),
+    /// What a reload did.
+    Reloaded(ReloadReport),
+    /// What a restart, stop or start did, in words.
+    Done(String),
+}
+
+impl Outcome {
+    /// The outcome as the control socket answers it.
+    pub fn into_json(self) -> Value {
+        match self {
+            Outcome::Status(rows) => rows,
+            Outcome::Reloaded(report) => {
+                json!({"loaded": report.loaded, "errors": report.errors_json()})
+            }
+            Outcome::Done(text) => Value::String(text),
+        }
+    }
+}
+
+/// Why an operation was not carried out; the text is the operator's answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("no toolbox {0:?} is hosted here; see toolboxd ctl status")]
+    NotHosted(String),
+    /// The toolbox's own account of why it could not.
+    #[error("{0}")]
+    Failed(String),
+    #[error("the daemon is shutting down")]
+    ShuttingDown,
+}
+
+/// Where an operation's answer goes, if anyone waits for it.
+pub struct Reply(Option<oneshot::Sender<Result<Outcome, Refused>>>);
+
+impl Reply {
+    fn answer(self, answer: Result<Outcome, Refused>) {
+        if let Some(tx) = self.0 {
+            let _ = tx.send(answer);
+        }
+    }
+}
+
+/// An operation on its way to the [`Operator`].
+pub struct Request {
+    /// What to do.
+    operation: Operation,
+    /// Who waits for the answer.
+    reply: Reply,
+}
+
+impl Request {
+    /// What is asked.
+    pub fn operation(&self) -> &Operation {
+        &self.operation
+    }
+
+    /// Answers the request (for a stand-in that carries operations out
+    /// itself, as a test's).
+    pub fn answer(self, answer: Result<Outcome, Refused>) {
+        self.reply.answer(answer);
+    }
+}
+
+/// The sending side of the operator channel; clone one per door.
+#[derive(Clone)]
+pub struct Operators {
+    /// The queue to the operator. Unbounded so that a signal handler never
+    /// waits; the operator keeps taking requests even while it reloads, so
+    /// the queue stays short.
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+/// The receiving side of the operator channel.
+pub struct Inbox {
+    /// The queue from every [`Operators`] handle.
+    rx: mpsc::UnboundedReceiver<Request>,
+}
+
+/// A new operator channel.
+pub fn channel() -> (Operators, Inbox) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (Operators { tx }, Inbox { rx })
+}
+
+impl Operators {
+    /// Asks for `operation` and waits for its outcome.
+    pub async fn ask(&self, operation: Operation) -> Result<Outcome, Refused> {
+        let (tx, rx) = oneshot::channel();
+        let request = Request {
+            operation,
+            reply: Reply(Some(tx)),
+        };
+        self.tx.send(request).map_err(|_| Refused::ShuttingDown)?;
+        rx.await.unwrap_or(Err(Refused::ShuttingDown))
+    }
+
+    /// Asks for `operation` without waiting for it (SIGHUP).
+    pub fn tell(&self, operation: Operation) {
+        let _ = self.tx.send(Request {
+            operation,
+            reply: Reply(None),
+        });
+    }
+}
+
+impl Inbox {
+    /// The next request; `None` once every [`Operators`] handle is gone.
+    pub async fn recv(&mut self) -> Option<Request> {
+        self.rx.recv().await
+    }
+}
+
+/// The one place operations are carried out: owns the supervisor while the
+/// daemon serves.
+pub struct Operator {
+    /// The set of toolboxes, for reloads.
+    supervisor: Supervisor,
+    /// The catalog, for status and for the toolbox an operation names.
+    registry: Arc<Registry>,
+    /// The check for other hosts' ids, done before every reload.
+    peers: Arc<Peers>,
+    /// systemd hears RELOADING=1 and READY=1 around a reload.
+    notifier: Arc<Notifier>,
+}
+
+impl Operator {
+    /// An operator for `supervisor`'s toolboxes.
+    pub fn new(
+        supervisor: Supervisor,
+        registry: Arc<Registry>,
+        peers: Arc<Peers>,
+        notifier: Arc<Notifier>,
+    ) -> Operator {
+        Operator {
+            supervisor,
+            registry,
+            peers,
+            notifier,
+        }
+    }
+
+    /// Carries out requests from `inbox` until `stop` (or until every sender
+    /// is gone); returns the supervisor, for shutdown. A reload under way when
+    /// `stop` comes is finished first; requests still queued then are
+    /// answered "the daemon is shutting down".
+    pub async fn run(self, mut inbox: Inbox, mut stop: Shutdown) -> Supervisor {
+        let Operator {
+            mut supervisor,
+            registry,
+            peers,
+            notifier,
+        } = self;
+        // Replies waiting for the next reload.
+        let mut waiting: Vec<Reply> = Vec::new();
+        loop {
+            if waiting.is_empty() {
+                let request = tokio::select! {
+                    biased;
+                    _ = stop.recv() => None,
+                    request = inbox.rx.recv() => request,
+                };
+                let Some(request) = request else { break };
+                take(&registry, request, &mut waiting);
+            }
+            // A burst queued together is one reload.
+            while let Ok(more) = inbox.rx.try_recv() {
+                take(&registry, more, &mut waiting);
+            }
+            if waiting.is_empty() {
+                continue;
+            }
+            let batch = std::mem::take(&mut waiting);
+            if batch.len() > 1 {
+                tracing::info!(requests = batch.len(), "reload requests coalesced into one");
+            }
+            let reload = reload(&mut supervisor, &peers, &notifier);
+            tokio::pin!(reload);
+            // Meanwhile other operations are carried out, and reloads wait
+            // for the next one.
+            let report = loop {
+                tokio::select! {
+                    report = &mut reload => break report,
+                    Some(request) = inbox.rx.recv() => take(&registry, request, &mut waiting),
+                }
+            };
+            for reply in batch {
+                reply.answer(Ok(Outcome::Reloaded(report.clone())));
+            }
+            if stop.is_down() {
+                break;
+            }
+        }
+        supervisor
+    }
+}
+
+/// Takes one request: a reload waits in `reloads` for the next reload; status
+/// is answered at once; an operation on one toolbox runs as a task of its own.
+fn take(registry: &Registry, request: Request, reloads: &mut Vec<Reply>) {
+    let Request { operation, reply } = request;
+    match operation {
+        Operation::Reload => reloads.push(reply),
+        Operation::Status => reply.answer(Ok(Outcome::Status(status(&registry.snapshot())))),
+        Operation::Restart(id) => {
+            on_toolbox(registry, &id, reply, |h| async move { h.restart().await })
+        }
+        Operation::Stop(id) => on_toolbox(registry, &id, reply, |h| async move { h.stop().await }),
+        Operation::Start(id) => {
+            on_toolbox(registry, &id, reply, |h| async move { h.start().await })
+        }
+    }
+}
+
+/// Runs `act` on toolbox `id` as a task of its own, and answers with what it
+/// did.
+fn on_toolbox<F, Fut>(registry: &Registry, id: &str, reply: Reply, act: F)
+where
+    F: FnOnce(ToolboxHandle) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = crate::toolbox::Outcome> + Send,
+{
+    let Some(handle) = registry
+        .snapshot()
+        .toolbox(id)
+        .map(|entry| entry.handle.clone())
+    else {
+        return reply.answer(Err(Refused::NotHosted(id.to_owned())));
+    };
+    tokio::spawn(async move {
+        let outcome = act(handle).await;
+        reply.answer(outcome.map(Outcome::Done).map_err(Refused::Failed));
+    });
+}
+
+/// A reload, announced to systemd around it.
+async fn reload(supervisor: &mut Supervisor, peers: &Peers, notifier: &Notifier) -> ReloadReport {
+    notifier.send(&format!(
+        "RELOADING=1\nMONOTONIC_USEC={}",
+        crate::notify::monotonic_usec()
+    ));
+    let taken = peers.probe().await;
+    let report = supervisor.reload(&taken).await;
+    notifier.send("READY=1");
+    report
+}
+
+/// One object per hosted toolbox, as `ctl status --json` prints it.
+pub fn status(catalog: &Catalog) -> Value {
+    let rows: Vec<Value> = catalog
+        .toolboxes()
+        .map(|(id, entry)| {
+            let s = entry.handle.stats().snapshot();
+            let reason = match &entry.state {
+                State::Failed { reason } | State::Conflict { reason } => Some(reason.clone()),
+                State::Restarting { last_exit } => Some(last_exit.clone()),
+                _ => None,
+            };
+            let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+            json!({
+                "id": id,
+                "state": entry.state.name(),
+                "reason": reason,
+                "pids": entry.handle.pids(),
+                "instances": entry.handle.instances(),
+                "tools": entry.tools.len(),
+                "restarts": s.restarts,
+                "last_exit": s.last_exit,
+                "era": s.era,
+                "uptime_s": entry.handle.uptime().map(|u| u.as_secs()),
+                "calls_ok": s.calls_ok,
+                "calls_err": s.calls_err,
+                "in_flight": s.in_flight,
+                "p50_ms": ms(s.p50),
+                "p99_ms": ms(s.p99),
+            })
+        })
+        .collect();
+    Value::Array(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(method: &str, params: Value) -> Value {
+        json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+    }
+
+    #[test]
+    fn every_wire_name_parses_back_to_its_operation() {
+        let all = [
+            Operation::Status,
+            Operation::Restart("math".to_owned()),
+            Operation::Stop("math".to_owned()),
+            Operation::Start("math".to_owned()),
+            Operation::Reload,
+        ];
+        let names: Vec<&str> = all.iter().map(Operation::name).collect();
+        assert_eq!(names, Operation::NAMES);
+        for operation in all {
+            let parsed = Operation::from_request(&request(operation.name(), operation.params()));
+            assert_eq!(parsed, Ok(operation));
+        }
+    }
+
+    #[test]
+    fn wire_names_and_params_are_the_documented_ones() {
+        assert_eq!(
+            Operation::NAMES,
+            ["status", "restart", "stop", "start", "reload"]
+        );
+        assert_eq!(Operation::Status.params(), Value::Null);
+        assert_eq!(Operation::Reload.params(), Value::Null);
+        assert_eq!(
+            Operation::Stop("text".to_owned()).params(),
+            json!({"id": "text"})
+        );
+        // Params are optional where no id is needed.
+        assert_eq!(
+            Operation::from_request(&json!({"method": "status"})),
+            Ok(Operation::Status)
+        );
+    }
+
+    #[test]
+    fn bad_requests_say_exactly_what_is_wrong() {
+        let error = |request: Value| {
+            Operation::from_request(&request)
+                .expect_err("a bad request")
+                .to_string()
+        };
+        assert_eq!(error(json!({"id": 1})), "no method");
+        assert_eq!(error(json!({"method": 7})), "no method");
+        assert_eq!(
+            error(request("frobnicate", Value::Null)),
+            "unknown method \"frobnicate\"; use status, restart, stop, start or reload"
+        );
+        for name in ["restart", "stop", "start"] {
+            let expected = format!("{name} needs params.id (a toolbox id)");
+            assert_eq!(error(request(name, Value::Null)), expected);
+            assert_eq!(error(request(name, json!({}))), expected);
+            assert_eq!(error(request(name, json!({"id": 3}))), expected);
+        }
+    }
+
+    #[test]
+    fn refusals_read_as_before() {
+        assert_eq!(
+            Refused::NotHosted("nope".to_owned()).to_string(),
+            "no toolbox \"nope\" is hosted here; see toolboxd ctl status"
+        );
+        assert_eq!(
+            Refused::ShuttingDown.to_string(),
+            "the daemon is shutting down"
+        );
+    }
+
+    #[test]
+    fn a_reload_outcome_reads_loaded_and_errors() {
+        let report = ReloadReport {
+            loaded: vec!["math".to_owned()],
+            errors: vec![("m.toml".to_owned(), "bad".to_owned())],
+        };
+        assert_eq!(
+            Outcome::Reloaded(report).into_json(),
+            json!({"loaded": ["math"], "errors": [{"manifest": "m.toml", "error": "bad"}]})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_request_without_an_operator_is_refused_as_shutting_down() {
+        let (operators, inbox) = channel();
+        drop(inbox);
+        assert_eq!(
+            operators.ask(Operation::Status).await.map(|_| ()),
+            Err(Refused::ShuttingDown)
+        );
+        let (operators, mut inbox) = channel();
+        let asking = tokio::spawn(async move { operators.ask(Operation::Reload).await });
+        // A request dropped unanswered also reads as shutting down.
+        drop(inbox.recv().await);
+        assert_eq!(
+            asking.await.expect("the task").map(|_| ()),
+            Err(Refused::ShuttingDown)
+        );
+    }
+}
