@@ -25,7 +25,28 @@ pub fn call_error(error: &CallError, tool: &str, toolbox: &str) -> String {
         CallError::Rpc(e) => rpc_error_text(e),
         CallError::Failed(reason) => failed(toolbox, reason),
         CallError::Stopped => format!("RuntimeError: toolbox '{toolbox}' is stopped"),
+        CallError::Busy { waiting } => format!(
+            "RuntimeError: toolbox '{toolbox}' is busy: {waiting} calls are running or waiting \
+             for it already (max_queued_calls); try again later"
+        ),
     }
+}
+
+/// An answer that would not fit in one bus message, replaced by this.
+pub fn oversize_answer(bytes: usize) -> String {
+    format!(
+        "RuntimeError: the answer would be {bytes} bytes, more than the bus's message limit \
+         ({} bytes); ask for less",
+        crate::bus::MAX_FRAME_BYTES
+    )
+}
+
+/// A request whose context is too large to echo in its answer.
+pub fn oversize_context(bytes: usize, max: usize) -> String {
+    format!(
+        "ValueError: the request's context is {bytes} bytes, more than the {max} bytes an \
+         answer may echo; send a smaller context"
+    )
 }
 
 /// A call to a `failed` toolbox.

@@ -101,6 +101,12 @@ pub struct Limits {
     pub call_timeout_s: u64,
     /// Calls in flight per child; more wait in arrival order.
     pub max_concurrent_calls: usize,
+    /// Calls that may wait for a slot, over all instances; one more is
+    /// answered "busy" at once.
+    pub max_queued_calls: usize,
+    /// Largest call arguments accepted (JSON bytes); larger ones are refused
+    /// before validation.
+    pub max_argument_bytes: usize,
     /// Interval of the liveness probe.
     pub probe_interval_s: u64,
     /// Deadline of one liveness probe.
@@ -122,6 +128,8 @@ impl Default for Limits {
         Limits {
             call_timeout_s: 30,
             max_concurrent_calls: 8,
+            max_queued_calls: 64,
+            max_argument_bytes: 1024 * 1024,
             probe_interval_s: 10,
             probe_timeout_s: 5,
             drain_timeout_s: 30,
@@ -345,9 +353,11 @@ pub fn valid_id(id: &str) -> bool {
 
 /// Every numeric knob with its allowed range (docs/manifest.md): a value past
 /// it is an error at `check`, so no arithmetic on a knob can overflow later.
-pub const KNOB_RANGES: [(&str, u64, u64); 13] = [
+pub const KNOB_RANGES: [(&str, u64, u64); 15] = [
     ("call_timeout_s", 1, 86_400),
     ("max_concurrent_calls", 1, 1024),
+    ("max_queued_calls", 0, 100_000),
+    ("max_argument_bytes", 1024, 8 * 1024 * 1024),
     ("probe_interval_s", 1, 3_600),
     ("probe_timeout_s", 1, 600),
     ("drain_timeout_s", 0, 3_600),
@@ -362,9 +372,11 @@ pub const KNOB_RANGES: [(&str, u64, u64); 13] = [
 ];
 
 fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, String)> {
-    let values: [u64; 13] = [
+    let values: [u64; 15] = [
         limits.call_timeout_s,
         limits.max_concurrent_calls as u64,
+        limits.max_queued_calls as u64,
+        limits.max_argument_bytes as u64,
         limits.probe_interval_s,
         limits.probe_timeout_s,
         limits.drain_timeout_s,
@@ -587,6 +599,8 @@ mod tests {
             let table = if [
                 "call_timeout_s",
                 "max_concurrent_calls",
+                "max_queued_calls",
+                "max_argument_bytes",
                 "probe_interval_s",
                 "probe_timeout_s",
                 "drain_timeout_s",

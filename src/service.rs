@@ -25,6 +25,19 @@ use crate::toolbox::{State, ToolboxHandle};
 /// How long discovery waits for toolboxes to refresh before answering with the
 /// last known lists.
 const DISCOVER_REFRESH: Duration = Duration::from_secs(1);
+/// Largest request context echoed in answers: a larger one would be copied
+/// into every answer (one per toolbox, for discovery) and could push an
+/// answer past the bus's message limit. Such a request is refused.
+pub const MAX_CONTEXT_BYTES: usize = 64 * 1024;
+/// Frames up to this size have arguments small enough to validate on the
+/// runtime thread (even a quadratic pattern costs little); larger ones are
+/// validated on a blocking thread under [`VALIDATION_BUDGET`].
+const INLINE_VALIDATION_BYTES: usize = 4 * 1024;
+/// How long a large argument's validation may take, its wait for the
+/// validation thread included.
+const VALIDATION_BUDGET: Duration = Duration::from_secs(2);
+/// Large validations run one at a time, so they can take at most one core.
+static VALIDATING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
 
 pub const DISCOVER: &str = "ovos.persona.tools.discover";
 const DISCOVER_RESPONSE: &str = "ovos.persona.tools.discover.response";
@@ -48,6 +61,14 @@ pub struct Service {
     /// This daemon's check for other hosts: it hears the answers to its
     /// probe, and tells its probe from another daemon's.
     peers: Arc<Peers>,
+}
+
+/// When and how a request arrived: a call's deadline counts from `at`, and
+/// `frame_bytes` bounds its arguments' size without measuring them.
+#[derive(Clone, Copy)]
+struct Arrival {
+    at: Instant,
+    frame_bytes: usize,
 }
 
 /// The one field read before deciding whether a frame is ours.
@@ -148,21 +169,74 @@ impl Service {
                 return;
             }
         };
+        if frame.len() > MAX_CONTEXT_BYTES {
+            let context = serde_json::to_string(&request.context).map_or(0, |c| c.len());
+            if context > MAX_CONTEXT_BYTES {
+                return self.refuse_context(topic, request, context);
+            }
+        }
         // A call's deadline counts from here, whatever it waits for later.
-        let arrived = Instant::now();
+        let arrived = Arrival {
+            at: Instant::now(),
+            frame_bytes: frame.len(),
+        };
         let service = self.clone();
         tokio::spawn(async move { service.handle(topic, request, arrived).await });
     }
 
-    fn send(&self, message: Message) {
-        let _ = self.out.send(message.encode());
+    /// Answers a request whose context is too large to echo, with only its
+    /// session kept in the answer's context; discovery stays silent.
+    fn refuse_context(&self, topic: Topic, mut request: Message, bytes: usize) {
+        tracing::debug!(topic = %request.msg_type, bytes, "refused a request with an oversize context");
+        if matches!(topic, Topic::Discover) {
+            return;
+        }
+        let session = request.context.remove("session");
+        request.context.clear();
+        if let Some(session) = session.filter(|s| s.to_string().len() <= MAX_CONTEXT_BYTES) {
+            request.context.insert("session".to_owned(), session);
+        }
+        let error = answers::oversize_context(bytes, MAX_CONTEXT_BYTES);
+        self.respond(&request, Self::error_data(&request, error));
+    }
+
+    /// An error answer's data: the error, with the request's `name` and
+    /// `toolbox_id` (when short) so the caller can tell what it answers.
+    fn error_data(request: &Message, error: String) -> Object {
+        let mut data = Object::new();
+        for key in ["name", "toolbox_id"] {
+            if let Some(Value::String(v)) = request.data.get(key) {
+                if v.len() <= 256 {
+                    data.insert(key.to_owned(), Value::String(v.clone()));
+                }
+            }
+        }
+        data.insert("error".to_owned(), Value::String(error));
+        data
     }
 
     fn respond(&self, request: &Message, data: Object) {
-        self.send(request.response(data));
+        self.send_answer(request, request.response(data).encode());
     }
 
-    async fn handle(&self, topic: Topic, request: Message, arrived: Instant) {
+    /// Sends an answer to `request`; one that would not fit in a bus message
+    /// is replaced by an error saying so.
+    fn send_answer(&self, request: &Message, frame: String) {
+        if frame.len() <= crate::bus::MAX_FRAME_BYTES {
+            let _ = self.out.send(frame);
+            return;
+        }
+        tracing::warn!(
+            topic = %request.msg_type,
+            bytes = frame.len(),
+            "an answer larger than the bus's message limit was replaced by an error"
+        );
+        let error = answers::oversize_answer(frame.len());
+        let data = Self::error_data(request, error);
+        let _ = self.out.send(request.response(data).encode());
+    }
+
+    async fn handle(&self, topic: Topic, request: Message, arrived: Arrival) {
         match topic {
             Topic::Discover => self.discover(&request).await,
             Topic::PersonaCall => {
@@ -215,7 +289,7 @@ impl Service {
     }
 
     /// `ovos.persona.tools.call` and its predecessor: silent unless we host `id`.
-    async fn persona_call(&self, request: &Message, id: &str, arrived: Instant) {
+    async fn persona_call(&self, request: &Message, id: &str, arrived: Arrival) {
         let catalog = self.registry.snapshot();
         if !catalog.toolbox(id).is_some_and(|e| e.is_hosted()) {
             return;
@@ -239,7 +313,7 @@ impl Service {
         id: &str,
         name: &str,
         args: Value,
-        arrived: Instant,
+        arrived: Arrival,
     ) -> Result<Value, String> {
         for attempt in 0..2 {
             let Some(entry) = catalog.toolbox(id) else {
@@ -259,7 +333,7 @@ impl Service {
                     && entry.tools.is_empty() =>
                 {
                     let limit = entry.handle.deadline_of(name);
-                    if !entry.handle.wait_started(arrived + limit).await {
+                    if !entry.handle.wait_started(arrived.at + limit).await {
                         let timeout = crate::toolbox::CallError::Timeout(limit);
                         return Err(answers::call_error(&timeout, name, id));
                     }
@@ -276,14 +350,15 @@ impl Service {
     async fn run(
         &self,
         handle: &ToolboxHandle,
-        tool: &Tool,
+        tool: &Arc<Tool>,
         args: Value,
-        arrived: Instant,
+        arrived: Arrival,
     ) -> Result<Value, String> {
         let (name, id) = (tool.name.as_str(), handle.id());
-        tool.check_arguments(&args)
+        let args = check_arguments(handle, tool, args, arrived)
+            .await
             .map_err(|why| answers::invalid_arguments(name, id, &why))?;
-        let outcome = match handle.call(name, args, arrived).await {
+        let outcome = match handle.call(name, args, arrived.at).await {
             Ok(raw) => answers::map_call_result(raw, tool.has_output_schema).and_then(|result| {
                 tool.check_output(&result)
                     .map_err(|why| answers::invalid_output(name, id, &why))?;
@@ -293,7 +368,7 @@ impl Service {
         };
         handle
             .stats()
-            .record_call(outcome.is_ok(), arrived.elapsed());
+            .record_call(outcome.is_ok(), arrived.at.elapsed());
         outcome
     }
 
@@ -312,7 +387,7 @@ impl Service {
         self.respond(request, data);
     }
 
-    async fn invoke(&self, request: &Message, arrived: Instant) {
+    async fn invoke(&self, request: &Message, arrived: Arrival) {
         let Some(name) = request
             .data
             .get("name")
@@ -367,8 +442,67 @@ impl Service {
             data.push('}');
         }
         let frame = request.response(Object::new()).encode_with_raw_data(&data);
-        let _ = self.out.send(frame);
+        self.send_answer(request, frame);
     }
+}
+
+/// Checks a call's arguments against the tool's schema; gives them back if
+/// they pass. Arguments from a small frame are checked here, at once; larger
+/// ones must be within `max_argument_bytes` and are checked on a blocking
+/// thread, one at a time, within [`VALIDATION_BUDGET`] — so that no argument
+/// and no pattern in a schema can stall the daemon.
+async fn check_arguments(
+    handle: &ToolboxHandle,
+    tool: &Arc<Tool>,
+    args: Value,
+    arrived: Arrival,
+) -> Result<Value, String> {
+    if arrived.frame_bytes <= INLINE_VALIDATION_BYTES {
+        return tool.check_arguments(&args).map(|()| args);
+    }
+    let bytes = json_bytes(&args);
+    let max = handle.max_argument_bytes();
+    if bytes > max {
+        return Err(format!(
+            "the arguments are {bytes} bytes, more than max_argument_bytes ({max})"
+        ));
+    }
+    let tool = tool.clone();
+    let checked = async move {
+        // Held by the blocking thread until it is done, even past the budget.
+        let turn = VALIDATING.acquire().await.ok()?;
+        let run = move || {
+            let _turn = turn;
+            let checked = tool.check_arguments(&args);
+            checked.map(|()| args)
+        };
+        tokio::task::spawn_blocking(run).await.ok()
+    };
+    match tokio::time::timeout(VALIDATION_BUDGET, checked).await {
+        Ok(Some(checked)) => checked,
+        Ok(None) => Err("the validation could not run; try again".to_owned()),
+        Err(_) => Err(format!(
+            "validating the arguments took longer than {} s; send smaller arguments",
+            VALIDATION_BUDGET.as_secs()
+        )),
+    }
+}
+
+/// The length of `value` as compact JSON, without building the text.
+fn json_bytes(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
 }
 
 /// The topic of a frame that starts `{"type": "<topic>"` with no escapes in it,

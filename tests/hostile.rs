@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{math_manifest, repo, Bus, Daemon, TempDir, BIN};
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn check(dir: &std::path::Path) -> (i32, String) {
     let out = common::output_within(
@@ -752,4 +752,151 @@ async fn a_child_that_always_says_its_tools_changed_is_listed_once_a_second() {
         "{during} listings in {window:?} (at most one a second)"
     );
     assert_eq!(daemon.status("noisy")["state"], "ready");
+}
+
+#[tokio::test]
+async fn a_full_wait_queue_answers_busy_at_once_and_others_are_served() {
+    // 20,000 slow calls from one client: no admission control, other callers'
+    // calls went unanswered. Now past its slots and max_queued_calls a
+    // toolbox answers "busy" at once.
+    let dir = TempDir::new("busy");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "slow.toml",
+        &common::fixture_manifest(
+            "slow",
+            "[limits]\nmax_concurrent_calls = 1\nmax_queued_calls = 2",
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(Bus::connect(&daemon.url).await);
+    }
+    let started = std::time::Instant::now();
+    let answers = futures_util::future::join_all(
+        clients
+            .iter_mut()
+            .map(|bus| bus.call("slow", "slow_whoami", json!({"seconds": 1.0}))),
+    )
+    .await;
+    let busy: Vec<&Value> = answers
+        .iter()
+        .filter(|a| a.get("error").is_some())
+        .collect();
+    let served = answers
+        .iter()
+        .filter(|a| a["result"]["pid"].is_u64())
+        .count();
+    assert_eq!(served, 3, "one running and two waiting: {answers:?}");
+    assert_eq!(busy.len(), 3, "{answers:?}");
+    for answer in busy {
+        let error = answer["error"].as_str().unwrap();
+        assert!(
+            error.starts_with(
+                "RuntimeError: toolbox 'slow' is busy: 3 calls are running or waiting"
+            ),
+            "{error}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_slow_pattern_on_a_large_argument_never_stalls_the_daemon() {
+    // A lookahead pattern on an 80k-character argument froze the whole daemon
+    // for 17 s (validation ran on its only thread). Large arguments are now
+    // validated on a blocking thread under a 2 s budget, and capped in size.
+    let dir = TempDir::new("slow-pattern");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "fixture.toml",
+        &common::fixture_manifest("fixture", "[limits]\nmax_argument_bytes = 200000"),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut attacker = Bus::connect(&daemon.url).await;
+    let mut innocent = Bus::connect(&daemon.url).await;
+    let long = "a".repeat(80_000);
+    let attack = attacker.call("fixture", "pattern", json!({"text": long}));
+    let innocent_call = async {
+        // Sent while the validation runs; answered long before it ends.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = std::time::Instant::now();
+        let answer = innocent.call("math", "add", json!({"a": 2, "b": 2})).await;
+        (answer, sent.elapsed())
+    };
+    let (attacked, (answer, took)) = tokio::join!(attack, innocent_call);
+    assert_eq!(answer["result"]["result"], 4);
+    assert!(
+        took < Duration::from_millis(500),
+        "the innocent call took {took:?}"
+    );
+    let error = attacked["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("validating the arguments took longer than 2 s"),
+        "{attacked}"
+    );
+    let huge = attacker
+        .call("fixture", "pattern", json!({"text": "a".repeat(300_000)}))
+        .await;
+    let error = huge["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("more than max_argument_bytes (200000)"),
+        "{huge}"
+    );
+}
+
+#[tokio::test]
+async fn answers_never_exceed_the_bus_message_limit() {
+    // A context just under the frame limit was echoed into an answer past
+    // it, and the embedded bus dropped the daemon's own connection; a 30 MiB
+    // context copied into ten discovery answers took 1.75 GB.
+    let dir = TempDir::new("oversize-answers");
+    dir.write(
+        "fixture.toml",
+        &common::fixture_manifest("fixture", "[limits]\nmax_message_bytes = 33554432"),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    // An answer of 11 MiB is replaced by an error saying so.
+    let answer = bus
+        .call("fixture", "big", json!({"size": 11 * 1024 * 1024}))
+        .await;
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("more than the bus's message limit (10485760 bytes)"),
+        "{}",
+        &answer.to_string()[..answer.to_string().len().min(300)]
+    );
+    assert_eq!(answer["toolbox_id"], "fixture");
+    // A context over 64 KiB is not echoed: the caller hears why, in its session.
+    bus.send(
+        "ovos.tools.invoke",
+        json!({"name": "add", "args": {"a": 1, "b": 1}}),
+        json!({"session": {"session_id": "big-ctx"}, "pad": "x".repeat(100_000)}),
+    )
+    .await;
+    let refused = bus
+        .wait_for(common::ANSWER_DEADLINE, |m| {
+            m["type"] == "ovos.tools.invoke.response"
+                && m["context"]["session"]["session_id"] == "big-ctx"
+        })
+        .await
+        .expect("the request with a large context is answered");
+    assert!(refused["context"].get("pad").is_none());
+    let error = refused["data"]["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("ValueError: the request's context is 100"),
+        "{error}"
+    );
+    // The daemon's own connection survived: it still answers.
+    assert_eq!(
+        bus.call("fixture", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
 }

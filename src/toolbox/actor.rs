@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
-use super::{Command, Deadlines, Outcome, Serving, Slot, State, Stats};
+use super::{CallLimits, Command, Outcome, Serving, Slot, State, Stats};
 use crate::child::{Child, ChildEvent, ExitInfo, RpcFailure};
 use crate::launch::{self, LaunchError, Launched};
 use crate::manifest::Manifest;
@@ -36,8 +36,8 @@ type Reply = oneshot::Sender<Outcome>;
 pub(super) struct Outbox {
     /// Which child serves calls (set only by [`Actor::show`]).
     pub(super) slot: watch::Sender<Slot>,
-    /// How long calls may take (one sender shared by the replicas).
-    pub(super) deadlines: Arc<watch::Sender<Arc<Deadlines>>>,
+    /// Call deadlines and bounds (one sender shared by the replicas).
+    pub(super) limits: Arc<watch::Sender<Arc<CallLimits>>>,
 }
 
 /// What the actor is doing between events. The state status shows and the
@@ -519,7 +519,7 @@ impl Actor {
         match self.launch().await {
             Ok(launched) => {
                 let old = std::mem::replace(running, self.promote(launched));
-                let _ = self.out.deadlines.send(Deadlines::of(&self.manifest));
+                let _ = self.out.limits.send(CallLimits::of(&self.manifest));
                 self.stats.restarts.fetch_add(1, Ordering::Relaxed);
                 let new_pid = running.child.pid();
                 // The old child drains under the configuration it ran with.
@@ -553,7 +553,7 @@ impl Actor {
     /// Takes a changed manifest while no child runs under it.
     fn adopt(&mut self, manifest: Manifest) {
         self.pin = manifest.protocol.clone();
-        let _ = self.out.deadlines.send(Deadlines::of(&manifest));
+        let _ = self.out.limits.send(CallLimits::of(&manifest));
         self.manifest = manifest;
         self.budget.reset();
     }

@@ -55,6 +55,9 @@ pub enum CallError {
     Failed(String),
     /// The toolbox is stopped: no child will take the call.
     Stopped,
+    /// So many calls wait for the toolbox already (`max_queued_calls` more
+    /// than its slots) that this one was refused at once.
+    Busy { waiting: usize },
 }
 /// A toolbox's lifecycle state (docs/operations.md, "What to do in each state").
 #[derive(Debug, Clone, PartialEq)]
@@ -271,8 +274,9 @@ pub struct ToolboxHandle {
     id: Arc<str>,
     /// One actor per instance (`instances` in the manifest).
     replicas: Arc<[Replica]>,
-    /// Call deadlines, published by the actor (a reload may change them).
-    deadlines: watch::Receiver<Arc<Deadlines>>,
+    /// Call deadlines and bounds, published by the actor (a reload may
+    /// change them).
+    limits: watch::Receiver<Arc<CallLimits>>,
     /// Shared counters.
     stats: Arc<Stats>,
 }
@@ -296,20 +300,30 @@ struct Replica {
     slot: watch::Receiver<Slot>,
 }
 
-/// How long calls may take, from the manifest's `[limits]`.
+/// What callers are held to, from the manifest's `[limits]` (a reload may
+/// change them, so the actor publishes them).
 #[derive(Debug)]
-struct Deadlines {
+struct CallLimits {
     /// Deadline of one call.
     call: Duration,
     /// Shorter deadlines of particular tools.
     tools: BTreeMap<String, u64>,
+    /// Calls that may wait or run at once: the slots of every instance plus
+    /// `max_queued_calls`; one more is refused as busy.
+    admitted: usize,
+    /// `max_argument_bytes`: larger arguments are refused unread.
+    max_argument_bytes: usize,
 }
 
-impl Deadlines {
-    fn of(manifest: &Manifest) -> Arc<Deadlines> {
-        Arc::new(Deadlines {
-            call: Duration::from_secs(manifest.limits.call_timeout_s),
-            tools: manifest.limits.tool_timeouts.clone(),
+impl CallLimits {
+    fn of(manifest: &Manifest) -> Arc<CallLimits> {
+        let limits = &manifest.limits;
+        Arc::new(CallLimits {
+            call: Duration::from_secs(limits.call_timeout_s),
+            tools: limits.tool_timeouts.clone(),
+            admitted: limits.max_concurrent_calls * manifest.instances.max(1)
+                + limits.max_queued_calls,
+            max_argument_bytes: limits.max_argument_bytes,
         })
     }
 
@@ -351,14 +365,19 @@ impl ToolboxHandle {
             .collect()
     }
 
+    /// The manifest's `max_argument_bytes`.
+    pub fn max_argument_bytes(&self) -> usize {
+        self.limits.borrow().max_argument_bytes
+    }
+
     /// The manifest's `call_timeout_s`.
     pub fn call_timeout(&self) -> Duration {
-        self.deadlines.borrow().call
+        self.limits.borrow().call
     }
 
     /// How long a call of `tool` may take, from its arrival.
     pub fn deadline_of(&self, tool: &str) -> Duration {
-        self.deadlines.borrow().for_tool(tool)
+        self.limits.borrow().for_tool(tool)
     }
 
     /// Runs one call of `tool` (arguments already validated) that arrived at
@@ -371,8 +390,13 @@ impl ToolboxHandle {
         args: Value,
         arrived: Instant,
     ) -> Result<Value, CallError> {
-        self.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let waiting = self.stats.in_flight.fetch_add(1, Ordering::Relaxed) as usize;
         let _count = InFlightCount(&self.stats);
+        // Admission: past every slot and `max_queued_calls` waiting, refuse
+        // at once rather than queue without end.
+        if waiting >= self.limits.borrow().admitted {
+            return Err(CallError::Busy { waiting });
+        }
         let limit = self.deadline_of(tool);
         let deadline = tokio::time::Instant::from_std(arrived + limit);
         loop {
@@ -603,14 +627,16 @@ impl ToolboxHandle {
     /// A handle with no actor behind it, for tests of what stores handles
     /// (a call through it finds no child and answers `Stopped`).
     pub(crate) fn detached(id: &str) -> ToolboxHandle {
-        let (_, deadlines) = watch::channel(Arc::new(Deadlines {
+        let (_, limits) = watch::channel(Arc::new(CallLimits {
             call: Duration::from_secs(30),
             tools: BTreeMap::new(),
+            admitted: 8,
+            max_argument_bytes: 1 << 20,
         }));
         ToolboxHandle {
             id: id.into(),
             replicas: Arc::new([]),
-            deadlines,
+            limits,
             stats: Arc::default(),
         }
     }
@@ -619,8 +645,8 @@ impl ToolboxHandle {
 /// Starts the actors for `manifest` (one per instance), publishing into `sink`.
 pub fn spawn(manifest: Manifest, sink: Arc<dyn Publish>) -> ToolboxHandle {
     let instances = manifest.instances.max(1);
-    let (deadlines_tx, deadlines_rx) = watch::channel(Deadlines::of(&manifest));
-    let deadlines_tx = Arc::new(deadlines_tx);
+    let (limits_tx, limits_rx) = watch::channel(CallLimits::of(&manifest));
+    let limits_tx = Arc::new(limits_tx);
     let publisher = replicas::Publisher::new(&manifest.id, sink.clone(), instances);
     let stats = Arc::new(Stats::default());
     let mut replicas = Vec::with_capacity(instances);
@@ -638,7 +664,7 @@ pub fn spawn(manifest: Manifest, sink: Arc<dyn Publish>) -> ToolboxHandle {
             index,
             actor::Outbox {
                 slot: slot_tx,
-                deadlines: deadlines_tx.clone(),
+                limits: limits_tx.clone(),
             },
             commands,
             stats.clone(),
@@ -647,7 +673,7 @@ pub fn spawn(manifest: Manifest, sink: Arc<dyn Publish>) -> ToolboxHandle {
     let handle = ToolboxHandle {
         id: manifest.id.as_str().into(),
         replicas: replicas.into(),
-        deadlines: deadlines_rx,
+        limits: limits_rx,
         stats,
     };
     sink.add(handle.clone());
