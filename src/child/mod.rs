@@ -188,6 +188,12 @@ impl Child {
             pid,
             stdin_tx,
             manifest.limits.max_message_bytes,
+            Box::new(move || {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }),
         );
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (exit_tx, exit_rx) = watch::channel(None);
