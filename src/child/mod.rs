@@ -3,26 +3,30 @@
 //! A [`Child`] owns the process. Four small tasks serve it: a writer that owns
 //! stdin and a reader that owns stdout ([`rpc`]: JSON-RPC framing and request
 //! multiplexing), a stderr forwarder ([`logs`]), and a reaper that waits for
-//! the exit and fails every call still in flight with the exit status.
-//! Dropping the `Child` kills its whole process group and, where the kernel
-//! allows, its cgroup ([`crate::cgroup`]: every process it started, `setsid`
-//! ones too), so nothing leaks. The process also gets a parent-death signal,
-//! and the daemon's keeper ([`crate::keeper`]) kills its group and cgroup if
-//! toolboxd is killed outright.
+//! the exit, kills what is left of the process group, reaps the child and
+//! fails every call still in flight with the exit status ([`group`]: no
+//! signal is sent once the pid may be another process's). Dropping the
+//! `Child` kills its whole process group and, where the kernel allows, its
+//! cgroup ([`crate::cgroup`]: every process it started, `setsid` ones too),
+//! so nothing leaks. The process also gets a parent-death signal, and the
+//! daemon's keeper ([`crate::keeper`]) kills its group and cgroup if toolboxd
+//! is killed outright.
 
+mod group;
 mod logs;
 mod rpc;
 
 pub use rpc::{RpcFailure, RpcHandle};
 
 use std::fmt;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 
 use crate::manifest::Manifest;
+use group::Group;
 use logs::{forward_stderr, StderrTail};
 use rpc::{read_stdout, write_stdin, Link};
 
@@ -79,8 +83,10 @@ pub struct SpawnError {
 
 /// The manifest's command, with piped stdio, in a process group of its own,
 /// with a parent-death signal, entering the cgroup whose `cgroup.procs` is
-/// `enter` (if any) before it runs.
+/// `enter` (if any) before it runs. A `std` command, not tokio's: tokio
+/// would reap the process on its own, and only [`group`] may.
 fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
+    use std::os::unix::process::CommandExt;
     let parent = std::process::id();
     let mut cmd = Command::new(&manifest.program);
     cmd.args(&manifest.args)
@@ -119,6 +125,8 @@ fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
 pub struct Child {
     /// Process id (and process group id).
     pid: u32,
+    /// Its process group, for signals that cannot reach a reused pid.
+    group: Arc<Group>,
     /// Sends requests to the child.
     rpc: RpcHandle,
     /// Becomes `Some` when the process has exited and been reaped.
@@ -166,28 +174,34 @@ impl Child {
             }
             Err(e) => return Err(spawn_error(e)),
         };
-        if let (Some(keeper), Some(pid)) = (keeper, process.id()) {
+        let pid = process.id();
+        let pipes = async_pipes(&mut process);
+        let (stdin, stdout, stderr) = match pipes {
+            Ok(pipes) => pipes,
+            Err(e) => {
+                // Nothing serves it: end it (it is not reaped yet, so its pid
+                // is its own) and reap it.
+                let _ = process.kill();
+                let _ = process.wait();
+                return Err(spawn_error(e));
+            }
+        };
+        if let Some(keeper) = keeper {
             keeper.watch(pid);
         }
-        // invariant: all three pipes were requested above and not yet taken.
-        let (Some(stdin), Some(stdout), Some(stderr), Some(pid)) = (
-            process.stdin.take(),
-            process.stdout.take(),
-            process.stderr.take(),
-            process.id(),
-        ) else {
-            return Err(SpawnError {
-                program: manifest.program.display().to_string(),
-                source: std::io::Error::other("the child's pipes or pid are missing"),
-            });
-        };
+        // The `std` handle only holds the pid now; dropping it neither kills
+        // nor reaps the process.
+        drop(process);
+        let group = Arc::new(Group::new(pid));
 
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
+        let killed = group.clone();
         let (link, queued) = Link::new(
             manifest.id.clone(),
             pid,
             stdin_tx,
             manifest.limits.max_message_bytes,
+            Box::new(move || killed.signal(nix::sys::signal::Signal::SIGKILL)),
         );
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (exit_tx, exit_rx) = watch::channel(None);
@@ -208,14 +222,20 @@ impl Child {
             stderr_tail.clone(),
         ));
         let reaper_link = link.clone();
+        let reaped = group.clone();
         tokio::spawn(async move {
-            let exit = match process.wait().await {
-                Ok(status) => ExitInfo::from(status),
+            let exit = match reaped.reap().await {
+                Ok(exit) => exit,
                 Err(e) => {
                     tracing::error!(toolbox = %reaper_link.toolbox, pid, "cannot wait for the child: {e}");
                     ExitInfo::Code(-1)
                 }
             };
+            // Its group is dead and its pid released: the keeper must not
+            // signal either any more.
+            if let Some(keeper) = keeper {
+                keeper.forget(pid);
+            }
             reaper_link.close(RpcFailure::Exited(exit));
             let _ = exit_tx.send(Some(exit));
         });
@@ -223,6 +243,7 @@ impl Child {
         Ok((
             Child {
                 pid,
+                group,
                 rpc: RpcHandle { link },
                 exit: exit_rx,
                 stderr_tail,
@@ -266,14 +287,15 @@ impl Child {
         }
     }
 
-    /// Sends `signal` to the child's whole process group.
+    /// Sends `signal` to the child's whole process group, unless the child
+    /// has been reaped (its group was killed then, and its pid may be reused).
     pub fn signal_group(&self, signal: nix::sys::signal::Signal) {
-        let pgid = nix::unistd::Pid::from_raw(self.pid as i32);
-        let _ = nix::sys::signal::killpg(pgid, signal);
+        self.group.signal(signal);
     }
 
     /// Stops the child: close stdin, wait `grace`, SIGTERM the group, wait
-    /// `grace`, SIGKILL the group. Returns how it exited.
+    /// `grace`, SIGKILL the group. Returns how it exited. (What is left of
+    /// its group after it exits is killed by the reaper.)
     pub async fn stop(&self, grace: Duration) -> ExitInfo {
         use nix::sys::signal::Signal;
         // Closing stdin is what MCP's stdio transport defines as "shut down".
@@ -282,12 +304,10 @@ impl Child {
             .close(RpcFailure::Broken("the toolbox is stopping".to_owned()));
         let _ = self.rpc.link.stdin.send(Vec::new());
         if let Ok(exit) = tokio::time::timeout(grace, self.exited()).await {
-            self.signal_group(Signal::SIGKILL); // leftovers in its group
             return exit;
         }
         self.signal_group(Signal::SIGTERM);
         if let Ok(exit) = tokio::time::timeout(grace, self.exited()).await {
-            self.signal_group(Signal::SIGKILL);
             return exit;
         }
         self.signal_group(Signal::SIGKILL);
@@ -295,16 +315,35 @@ impl Child {
     }
 }
 
+/// The child's pipes, taken from `process` and made asynchronous.
+fn async_pipes(
+    process: &mut std::process::Child,
+) -> std::io::Result<(
+    tokio::process::ChildStdin,
+    tokio::process::ChildStdout,
+    tokio::process::ChildStderr,
+)> {
+    // invariant: all three pipes were requested in `command` and not yet taken.
+    let (Some(stdin), Some(stdout), Some(stderr)) = (
+        process.stdin.take(),
+        process.stdout.take(),
+        process.stderr.take(),
+    ) else {
+        return Err(std::io::Error::other("the child's pipes are missing"));
+    };
+    Ok((
+        tokio::process::ChildStdin::from_std(stdin)?,
+        tokio::process::ChildStdout::from_std(stdout)?,
+        tokio::process::ChildStderr::from_std(stderr)?,
+    ))
+}
+
 impl Drop for Child {
     fn drop(&mut self) {
-        // The group id stays reserved while any member lives, so this can only
-        // reach this child's own leftovers (or nothing).
+        // Only while it is unreaped: then the group id is still its own.
         self.signal_group(nix::sys::signal::Signal::SIGKILL);
         if let Some(cgroup) = self.cgroup.take() {
             cgroup.kill_and_remove();
-        }
-        if let Some(keeper) = crate::keeper::Keeper::get() {
-            keeper.forget(self.pid);
         }
     }
 }

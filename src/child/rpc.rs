@@ -1,6 +1,11 @@
 //! A child's JSON-RPC: requests multiplexed by id over its stdin and stdout,
 //! lines bounded in length, what waits for stdin bounded in bytes, and a child
 //! that breaks the protocol cut off.
+//!
+//! Nothing here knows about processes: the two streams are any
+//! [`AsyncWrite`] and [`AsyncRead`], and cutting a child off only fails its
+//! calls and calls the kill hook its owner gave [`Link::new`] (the process
+//! layer, [`super`], signals the process group).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,8 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
-use tokio::process::ChildStdin;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::logs::{log_child_message, LogBudget, MESSAGES_PER_SECOND};
@@ -46,6 +50,9 @@ enum Waiter {
 /// Requests waiting for their answer, by request id.
 type Pending = HashMap<u64, Waiter>;
 
+/// What ends the child when it is cut off; called at most once.
+pub(super) type Kill = Box<dyn Fn() + Send + Sync>;
+
 /// The state shared by a child's tasks and its callers.
 pub(super) struct Link {
     /// The toolbox this child serves, for every log line.
@@ -72,17 +79,21 @@ pub(super) struct Link {
     /// Why the child was cut off for breaking the protocol, once it was
     /// (kept apart from `closed`, which its exit status later replaces).
     cut: std::sync::OnceLock<String>,
+    /// Ends the child once it is cut off: its owner knows what the child is
+    /// (a process group) and how to end it safely.
+    kill: Kill,
 }
 
 impl Link {
     /// The link of child `pid` of `toolbox`, whose stdin lines go to
-    /// `stdin` within `stdin_budget` bytes; also the count of queued bytes,
-    /// for the writer to lower.
+    /// `stdin` within `stdin_budget` bytes, and which `kill` ends if it is cut
+    /// off; also the count of queued bytes, for the writer to lower.
     pub(super) fn new(
         toolbox: String,
         pid: u32,
         stdin: mpsc::UnboundedSender<Vec<u8>>,
         stdin_budget: usize,
+        kill: Kill,
     ) -> (Arc<Link>, Arc<std::sync::atomic::AtomicUsize>) {
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let link = Arc::new(Link {
@@ -95,6 +106,7 @@ impl Link {
             queued: queued.clone(),
             stdin_budget,
             cut: std::sync::OnceLock::new(),
+            kill,
         });
         (link, queued)
     }
@@ -326,8 +338,8 @@ const EXIT_AFTER_EOF: Duration = Duration::from_secs(2);
 
 /// Owns stdin: writes each line, flushing when no more are queued. An empty
 /// line is the request to close stdin.
-pub(super) async fn write_stdin(
-    stdin: ChildStdin,
+pub(super) async fn write_stdin<W: AsyncWrite + Unpin>(
+    stdin: W,
     mut lines: mpsc::UnboundedReceiver<Vec<u8>>,
     queued: Arc<std::sync::atomic::AtomicUsize>,
 ) {
@@ -385,9 +397,9 @@ async fn read_line_bounded<R: AsyncRead + Unpin>(
 
 /// Owns stdout: routes responses to callers, answers the child's requests,
 /// forwards notifications. A protocol break closes the link and kills the child.
-pub(super) async fn read_stdout(
+pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
     link: Arc<Link>,
-    stdout: tokio::process::ChildStdout,
+    stdout: R,
     max: usize,
     events: mpsc::UnboundedSender<ChildEvent>,
     mut exit: watch::Receiver<Option<ExitInfo>>,
@@ -493,13 +505,13 @@ pub(super) async fn read_stdout(
 }
 
 /// Ends a child that broke the protocol: every call on it fails with `why`,
-/// and its group is killed (its actor then restarts it). Said once.
+/// and its kill hook ends it (its actor then restarts it). Said once.
 fn cut_off(link: &Link, why: String) {
     let exited = matches!(
         *link.closed.lock().unwrap_or_else(|e| e.into_inner()),
         Some(RpcFailure::Exited(_))
     );
-    // Once reaped, its pid may be another process's: never signal it then.
+    // A child that exited is gone already: nothing to cut off or to kill.
     if exited || link.cut.set(why.clone()).is_err() {
         return;
     }
@@ -509,8 +521,8 @@ fn cut_off(link: &Link, why: String) {
         "{why}; stopping the child"
     );
     link.close(RpcFailure::Broken(why));
-    let _ = nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(link.pid as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    );
+    (link.kill)();
 }
+
+#[cfg(test)]
+mod tests;
