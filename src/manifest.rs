@@ -128,7 +128,7 @@ impl Default for Limits {
         Limits {
             call_timeout_s: 30,
             max_concurrent_calls: 8,
-            max_queued_calls: 64,
+            max_queued_calls: 256,
             max_argument_bytes: 1024 * 1024,
             probe_interval_s: 10,
             probe_timeout_s: 5,
