@@ -123,6 +123,11 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
     let control_listener = control::bind(&control).await?;
     // Before anything starts: an early SIGHUP must not end the daemon.
     let hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+    // Headroom, so that bus connections never leave it unable to spawn a child.
+    match crate::child::raise_descriptor_limit() {
+        Ok(limit) => tracing::debug!(limit, "descriptor limit"),
+        Err(e) => tracing::warn!("cannot raise the descriptor limit: {e}"),
+    }
     let (finish, finished) = ShutdownTrigger::new();
     let bus = find_bus(bus, bus_any_origin, &finished).await?;
     let mut daemon = start(Start {

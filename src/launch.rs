@@ -36,6 +36,9 @@ pub struct LaunchError {
     pub child: Option<Child>,
     /// What failed, in words: "handshake: ...", "listing tools: ...".
     pub why: String,
+    /// The child could not be spawned for want of descriptors, processes or
+    /// memory: a passing shortage, not the toolbox's fault.
+    pub short_of_resources: bool,
 }
 
 impl LaunchError {
@@ -66,6 +69,7 @@ pub async fn launch(manifest: &Manifest, pin: Option<&str>) -> Result<Launched, 
     let (child, events, session) = loop {
         let (child, events) = Child::spawn(manifest).map_err(|e| LaunchError {
             child: None,
+            short_of_resources: e.is_resource_shortage(),
             why: e.to_string(),
         })?;
         tracing::info!(toolbox = %manifest.id, pid = child.pid(), "child spawned");
@@ -92,6 +96,7 @@ pub async fn launch(manifest: &Manifest, pin: Option<&str>) -> Result<Launched, 
                 return Err(LaunchError {
                     child: Some(child),
                     why: format!("handshake: {e}"),
+                    short_of_resources: false,
                 })
             }
         }
@@ -103,6 +108,7 @@ pub async fn launch(manifest: &Manifest, pin: Option<&str>) -> Result<Launched, 
             return Err(LaunchError {
                 child: Some(child),
                 why: format!("listing tools: {e}"),
+                short_of_resources: false,
             })
         }
     };
@@ -112,6 +118,7 @@ pub async fn launch(manifest: &Manifest, pin: Option<&str>) -> Result<Launched, 
         return Err(LaunchError {
             child: Some(child),
             why: format!("listing tools: {why}"),
+            short_of_resources: false,
         });
     }
     Ok(Launched {

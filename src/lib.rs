@@ -36,6 +36,7 @@
 //!   `new` commands.
 //! - [`notify`]: systemd readiness and watchdog notifications.
 //! - [`files`]: reading operator files without trusting what is at the path.
+//! - [`throttle`]: a per-second budget for log lines from outside the daemon.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
 pub mod answers;
@@ -60,5 +61,6 @@ pub mod service;
 pub mod session;
 pub mod shutdown;
 pub mod supervisor;
+pub mod throttle;
 pub mod tool;
 pub mod toolbox;

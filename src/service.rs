@@ -19,6 +19,7 @@ use crate::object;
 use crate::operator::{Operation, Operators, Outcome};
 use crate::peers::{Asker, Peers};
 use crate::registry::{Catalog, Registry, Resolved};
+use crate::throttle::LogBudget;
 use crate::tool::Tool;
 use crate::toolbox::{State, ToolboxHandle};
 
@@ -61,7 +62,12 @@ pub struct Service {
     /// This daemon's check for other hosts: it hears the answers to its
     /// probe, and tells its probe from another daemon's.
     peers: Arc<Peers>,
+    /// Malformed frames logged per second: any client can send thousands.
+    malformed: std::sync::Mutex<LogBudget>,
 }
+
+/// Malformed bus frames logged per second; the rest are counted.
+const MALFORMED_PER_SECOND: u32 = 10;
 
 /// When and how a request arrived: a call's deadline counts from `at`, and
 /// `frame_bytes` bounds its arguments' size without measuring them.
@@ -125,6 +131,7 @@ impl Service {
             operators,
             flat,
             peers,
+            malformed: std::sync::Mutex::new(LogBudget::new(MALFORMED_PER_SECOND)),
         })
     }
 
@@ -143,7 +150,7 @@ impl Service {
                 Ok(Head { msg_type: None }) | Err(_) => {
                     // Decode fully only to say exactly what is wrong.
                     if let Err(e) = Message::decode(frame) {
-                        tracing::warn!("dropped a malformed bus frame: {e}");
+                        self.log_malformed(&e);
                     }
                     return;
                 }
@@ -165,7 +172,7 @@ impl Service {
         let request = match Message::decode(frame) {
             Ok(request) => request,
             Err(e) => {
-                tracing::warn!("dropped a malformed bus frame: {e}");
+                self.log_malformed(&e);
                 return;
             }
         };
@@ -182,6 +189,23 @@ impl Service {
         };
         let service = self.clone();
         tokio::spawn(async move { service.handle(topic, request, arrived).await });
+    }
+
+    /// Logs a dropped frame, within [`MALFORMED_PER_SECOND`].
+    fn log_malformed(&self, error: &dyn std::fmt::Display) {
+        let mut budget = self.malformed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dropped) = budget.take() {
+            if dropped > 0 {
+                tracing::warn!(
+                    dropped,
+                    "malformed bus frames not logged (more than {MALFORMED_PER_SECOND} a second)"
+                );
+            }
+            // What a client sent may be quoted in the error: escaped, so it
+            // cannot forge a log line.
+            let error = error.to_string().escape_debug().to_string();
+            tracing::warn!("dropped a malformed bus frame: {error}");
+        }
     }
 
     /// Answers a request whose context is too large to echo, with only its

@@ -900,3 +900,110 @@ async fn answers_never_exceed_the_bus_message_limit() {
         2
     );
 }
+
+#[tokio::test]
+async fn malformed_frames_are_logged_at_most_ten_a_second() {
+    // 50,000 malformed frames wrote 5.8 MB of warnings in half a second.
+    let dir = TempDir::new("malformed-flood");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let started = std::time::Instant::now();
+    for i in 0..5000 {
+        bus.send_raw(&format!(
+            "{{\"type\": \"ovos.tools.list\", \"data\": [{i}]}}\n"
+        ))
+        .await;
+    }
+    // Answered after the flood: every malformed frame before it was read.
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+    let seconds = started.elapsed().as_secs() + 1;
+    let logged = daemon.log_lines_with("dropped a malformed bus frame");
+    assert!(!logged.is_empty());
+    assert!(
+        logged.len() as u64 <= 10 * (seconds + 1),
+        "{} lines in {seconds} s",
+        logged.len()
+    );
+    // A raw newline in what a client sent never reaches the log as one.
+    assert!(logged
+        .iter()
+        .all(|l| !l["message"].as_str().unwrap().contains('\n')));
+    // The next frame logged, in a later second, says how many were not.
+    tokio::time::sleep(Duration::from_millis(1100)).await; // the budget's second
+    bus.send_raw("{\"type\": \"ovos.tools.list\", \"data\": [0]}")
+        .await;
+    bus.call("math", "add", json!({"a": 1, "b": 1})).await;
+    let reports = daemon.log_lines_with("malformed bus frames not logged");
+    let dropped: u64 = reports.iter().map(|r| r["dropped"].as_u64().unwrap()).sum();
+    let logged = daemon.log_lines_with("dropped a malformed bus frame").len() as u64;
+    assert!(dropped > 0, "{reports:?}");
+    assert_eq!(dropped + logged, 5001, "every frame logged or counted");
+}
+
+#[tokio::test]
+async fn a_spawn_that_fails_for_want_of_descriptors_is_retried_not_failed() {
+    // 1,010 idle connections at the descriptor limit: a crashed toolbox could
+    // not be respawned (EMFILE) and went `failed` for 300 s. A spawn that
+    // fails for want of descriptors is now retried without charging the
+    // restart budget.
+    let dir = TempDir::new("emfile");
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "{}[restart]\nmax_restarts = 1\nbackoff_initial_ms = 10\n",
+            faulty_manifest("faulty", "", "").replace("[restart]\npolicy = \"never\"\n", "")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    // Leave the daemon a few descriptors only.
+    let open = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+        .unwrap()
+        .count() as u64;
+    let limit = libc::rlimit {
+        rlim_cur: open + 4,
+        rlim_max: open + 4,
+    };
+    // SAFETY: prlimit on a child process of ours with a valid struct.
+    let set = unsafe {
+        libc::prlimit(
+            daemon.pid() as i32,
+            libc::RLIMIT_NOFILE,
+            &limit,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(set, 0, "prlimit: {}", std::io::Error::last_os_error());
+    let addr = daemon
+        .url
+        .trim_start_matches("ws://")
+        .trim_end_matches("/core")
+        .to_owned();
+    // More connections than descriptors left: the rest wait in the backlog.
+    let mut idle = Vec::new();
+    for _ in 0..16 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    daemon.wait_for_log("bus accept failed", 1, Duration::from_secs(10));
+    let crashed = bus.call("faulty", "crash", json!({})).await;
+    assert!(crashed["error"]
+        .as_str()
+        .unwrap()
+        .contains("exited (code 3)"));
+    daemon.wait_for_log(
+        "without charging the restart budget",
+        1,
+        Duration::from_secs(10),
+    );
+    drop(idle);
+    let row = daemon.wait_for_state("faulty", "ready", Duration::from_secs(20));
+    assert_eq!(row["restarts"], 1, "{row}");
+    assert_eq!(
+        bus.call("faulty", "ok", json!({})).await["result"]["ok"],
+        true
+    );
+}

@@ -262,6 +262,7 @@ impl tokio::io::AsyncWrite for Metered {
 /// origin, unless `any_origin`.
 pub async fn serve(listener: TcpListener, mut shutdown: Shutdown, any_origin: bool) {
     let clients = Arc::new(Clients::default());
+    let mut accept_errors = crate::throttle::LogBudget::new(1);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -283,8 +284,11 @@ pub async fn serve(listener: TcpListener, mut shutdown: Shutdown, any_origin: bo
                 ));
             }
             Err(e) => {
-                // Out of fds and the like: back off a little instead of spinning.
-                tracing::warn!("bus accept failed: {e}");
+                // Out of fds and the like: back off a little instead of
+                // spinning, and say so once a second at most.
+                if let Some(dropped) = accept_errors.take() {
+                    tracing::warn!(repeated = dropped, "bus accept failed: {e}");
+                }
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             }
         }

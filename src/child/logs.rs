@@ -12,43 +12,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 /// `notifications/message` logged per second per child; the rest are counted.
 pub(super) const MESSAGES_PER_SECOND: u32 = 100;
 
-/// A per-second budget of log lines from one source outside the daemon.
-pub(super) struct LogBudget {
-    /// Lines allowed per second.
-    per_second: u32,
-    /// When the current second began.
-    since: std::time::Instant,
-    /// Lines logged in it.
-    used: u32,
-    /// Lines not logged since the last report.
-    dropped: u64,
-}
-
-impl LogBudget {
-    pub(super) fn new(per_second: u32) -> LogBudget {
-        LogBudget {
-            per_second,
-            since: std::time::Instant::now(),
-            used: 0,
-            dropped: 0,
-        }
-    }
-
-    /// `Some(dropped before this one)` when this line may be logged (then say
-    /// how many were dropped, if any), `None` when it is over the budget.
-    pub(super) fn take(&mut self) -> Option<u64> {
-        if self.since.elapsed() >= Duration::from_secs(1) {
-            self.since = std::time::Instant::now();
-            self.used = 0;
-        }
-        if self.used >= self.per_second {
-            self.dropped += 1;
-            return None;
-        }
-        self.used += 1;
-        Some(std::mem::take(&mut self.dropped))
-    }
-}
+pub(super) use crate::throttle::LogBudget;
 
 /// Text from outside made safe for one log line: control characters (a
 /// newline could forge a log line; escapes could move a terminal's cursor)
@@ -192,16 +156,5 @@ mod tests {
         assert_eq!(sanitize("a\nb\r\u{1b}[2J"), "a\\nb\\r\\u{1b}[2J");
         assert_eq!(sanitize("plain é"), "plain é");
         assert_eq!(sanitize(&"x".repeat(10_000)).len(), STDERR_LINE_MAX);
-    }
-
-    #[test]
-    fn the_log_budget_counts_what_it_drops() {
-        let mut budget = LogBudget::new(2);
-        assert_eq!(budget.take(), Some(0));
-        assert_eq!(budget.take(), Some(0));
-        assert_eq!(budget.take(), None);
-        assert_eq!(budget.take(), None);
-        budget.since -= Duration::from_secs(1);
-        assert_eq!(budget.take(), Some(2));
     }
 }

@@ -81,6 +81,51 @@ pub struct SpawnError {
     source: std::io::Error,
 }
 
+impl SpawnError {
+    /// Whether the system was short of descriptors, processes or memory: a
+    /// passing shortage, not the toolbox's fault, so worth another try.
+    pub fn is_resource_shortage(&self) -> bool {
+        matches!(
+            self.source.raw_os_error(),
+            Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM)
+        )
+    }
+}
+
+/// The descriptor limit (soft, hard) toolboxd started with, when it raised
+/// its own: children get the original back.
+static INHERITED_NOFILE: std::sync::OnceLock<(libc::rlim_t, libc::rlim_t)> =
+    std::sync::OnceLock::new();
+
+/// Raises the daemon's soft descriptor limit to its hard limit, so that many
+/// bus connections never leave it unable to spawn a child (each child takes
+/// six descriptors for its pipes). Children still start with the soft limit
+/// the daemon was given. Returns the limit now in force.
+pub fn raise_descriptor_limit() -> std::io::Result<libc::rlim_t> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write/read the struct they are given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if limit.rlim_cur >= limit.rlim_max {
+            return Ok(limit.rlim_cur);
+        }
+        let _ = INHERITED_NOFILE.set((limit.rlim_cur, limit.rlim_max));
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(limit.rlim_max)
+}
+
 /// The manifest's command, with piped stdio, in a process group of its own,
 /// with a parent-death signal, entering the cgroup whose `cgroup.procs` is
 /// `enter` (if any) before it runs. A `std` command, not tokio's: tokio
@@ -88,6 +133,7 @@ pub struct SpawnError {
 fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
     use std::os::unix::process::CommandExt;
     let parent = std::process::id();
+    let nofile = INHERITED_NOFILE.get().copied();
     let mut cmd = Command::new(&manifest.program);
     cmd.args(&manifest.args)
         .current_dir(&manifest.cwd)
@@ -100,7 +146,8 @@ fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
     }
     cmd.envs(&manifest.env);
     // SAFETY: the closure runs between fork and exec and calls only
-    // async-signal-safe functions (prctl, getppid, _exit, open, write, close).
+    // async-signal-safe functions (prctl, getppid, _exit, setrlimit, open,
+    // write, close).
     unsafe {
         cmd.pre_exec(move || {
             // Die with the daemon. The signal fires when the *thread* that
@@ -111,6 +158,15 @@ fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
             }
             if libc::getppid() as u32 != parent {
                 libc::_exit(1);
+            }
+            if let Some((soft, hard)) = nofile {
+                let limit = libc::rlimit {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             if let Some(enter) = &enter {
                 crate::cgroup::enter(enter)?;

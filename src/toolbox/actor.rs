@@ -25,6 +25,9 @@ use crate::tool::ToolSet;
 const STOP_GRACE: Duration = Duration::from_secs(3);
 /// Liveness probes missed in a row before the child is killed.
 const MAX_MISSED_PROBES: u32 = 3;
+/// How soon a child that could not be spawned for want of descriptors,
+/// processes or memory is tried again.
+const SHORTAGE_RETRY: Duration = Duration::from_secs(1);
 /// Least time between two tool-list refreshes a child asks for: a child that
 /// says `list_changed` without end (even while it is being listed) costs one
 /// listing a second, not a core.
@@ -133,6 +136,9 @@ struct Down {
     text: String,
     /// Its last stderr lines.
     stderr: Vec<String>,
+    /// It could not even be spawned, for want of descriptors, processes or
+    /// memory: tried again without charging the restart budget.
+    short_of_resources: bool,
 }
 
 impl Down {
@@ -148,6 +154,7 @@ impl Down {
             uptime: Duration::ZERO,
             text,
             stderr,
+            short_of_resources: failed.short_of_resources,
         }
     }
 }
@@ -625,6 +632,7 @@ impl Actor {
             uptime: running.started.elapsed(),
             text,
             stderr: running.child.stderr_tail(),
+            short_of_resources: false,
         })
     }
 
@@ -663,6 +671,20 @@ impl Actor {
     /// Applies the restart policy to a child that went down.
     fn went_down(&mut self, down: Down) -> Mode {
         self.stats.set_last_exit(down.text.clone());
+        if down.short_of_resources {
+            tracing::warn!(
+                toolbox = self.id(),
+                "the child {}; trying again in {} s without charging the restart budget",
+                down.text,
+                SHORTAGE_RETRY.as_secs()
+            );
+            let mode = Mode::Backoff {
+                until: tokio::time::Instant::now() + SHORTAGE_RETRY,
+                last_exit: down.text,
+            };
+            self.show(mode.view(), None);
+            return mode;
+        }
         let knobs = &self.manifest.restart;
         let (mode, stderr) = match self.budget.after_exit(knobs, down.exit, down.uptime) {
             Decision::RestartAfter(delay) => {

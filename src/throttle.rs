@@ -1,0 +1,59 @@
+//! A per-second budget of log lines from a source outside the daemon (a
+//! child's messages, malformed bus frames): past it lines are counted, not
+//! logged, so no one outside can flood the log.
+
+use std::time::Duration;
+
+/// A per-second budget of log lines from one source outside the daemon.
+pub struct LogBudget {
+    /// Lines allowed per second.
+    per_second: u32,
+    /// When the current second began.
+    since: std::time::Instant,
+    /// Lines logged in it.
+    used: u32,
+    /// Lines not logged since the last report.
+    dropped: u64,
+}
+
+impl LogBudget {
+    pub fn new(per_second: u32) -> LogBudget {
+        LogBudget {
+            per_second,
+            since: std::time::Instant::now(),
+            used: 0,
+            dropped: 0,
+        }
+    }
+
+    /// `Some(dropped before this one)` when this line may be logged (then say
+    /// how many were dropped, if any), `None` when it is over the budget.
+    pub fn take(&mut self) -> Option<u64> {
+        if self.since.elapsed() >= Duration::from_secs(1) {
+            self.since = std::time::Instant::now();
+            self.used = 0;
+        }
+        if self.used >= self.per_second {
+            self.dropped += 1;
+            return None;
+        }
+        self.used += 1;
+        Some(std::mem::take(&mut self.dropped))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_budget_counts_what_it_drops() {
+        let mut budget = LogBudget::new(2);
+        assert_eq!(budget.take(), Some(0));
+        assert_eq!(budget.take(), Some(0));
+        assert_eq!(budget.take(), None);
+        assert_eq!(budget.take(), None);
+        budget.since -= Duration::from_secs(1);
+        assert_eq!(budget.take(), Some(2));
+    }
+}
