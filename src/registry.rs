@@ -1,12 +1,13 @@
 //! The catalog: every hosted toolbox, its state and its tools (with their
 //! compiled validators, [`crate::tool`]).
 //!
-//! The catalog is an immutable snapshot behind an `Arc`; a change builds a new
-//! snapshot and swaps it in whole, so a reader never sees a half-updated
-//! catalog and never holds a lock while it validates or calls.
+//! Readers get the catalog as an immutable snapshot behind an `Arc`, built on
+//! the first read after a change, so a reader never sees a half-updated
+//! catalog and never holds a lock while it validates or calls; a change
+//! itself only updates one entry.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 
 use crate::tool::{Tool, ToolSet};
 use crate::toolbox::{Publish, State, ToolboxHandle};
@@ -129,28 +130,48 @@ impl Catalog {
     }
 }
 
-/// The owner of the current catalog snapshot.
+/// The owner of the catalog: every toolbox's entry, and the snapshot readers
+/// get, built on the first read after a change. A change costs one map
+/// update, never a copy of the whole catalog, so 10,000 toolboxes starting or
+/// stopping cost linear time, not quadratic.
 #[derive(Default)]
 pub struct Registry {
-    /// The snapshot; replaced whole on every change.
-    current: RwLock<Arc<Catalog>>,
+    /// The entries and the cached snapshot, under one lock (never held across
+    /// an await; only for a map update or one snapshot build).
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Every toolbox's entry, changed in place.
+    entries: BTreeMap<String, Entry>,
+    /// The snapshot of `entries`, until they change.
+    snapshot: Option<Arc<Catalog>>,
 }
 
 impl Registry {
-    /// The current snapshot.
-    pub fn snapshot(&self) -> Arc<Catalog> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        // A panic under this lock would be a bug in a few lines of map code;
+        // the map stays consistent, so recover it rather than panic.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies `change` to a copy of the entries and swaps the result in.
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<Catalog> {
+        let mut inner = self.lock();
+        if let Some(snapshot) = &inner.snapshot {
+            return snapshot.clone();
+        }
+        let snapshot = Arc::new(Catalog::build(inner.entries.clone()));
+        inner.snapshot = Some(snapshot.clone());
+        snapshot
+    }
+
+    /// Applies `change` to the entries; the next read builds a new snapshot.
     fn update(&self, change: impl FnOnce(&mut BTreeMap<String, Entry>)) {
-        let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
-        let mut entries = current.entries.clone();
-        change(&mut entries);
-        *current = Arc::new(Catalog::build(entries));
+        let mut inner = self.lock();
+        change(&mut inner.entries);
+        inner.snapshot = None;
     }
 
     /// Adds a toolbox, not yet admitted (replacing any entry of the same id).
