@@ -163,15 +163,24 @@ async fn connection(stream: UnixStream, operators: Operators) {
     }
 }
 
-async fn answer(line: &str, operators: &Operators) -> Value {
+/// Decodes one request line: the id to answer with (null when the line has
+/// none) and the operation it asks for, or the JSON-RPC error code and
+/// message to answer instead (-32700 not JSON, -32602 no operation).
+pub fn decode_request(line: &str) -> (Value, Result<Operation, (i64, String)>) {
     let request: Value = match serde_json::from_str(line) {
         Ok(v) => v,
-        Err(e) => return rpc_error(Value::Null, -32700, &format!("not JSON: {e}")),
+        Err(e) => return (Value::Null, Err((-32700, format!("not JSON: {e}")))),
     };
     let id = request.get("id").cloned().unwrap_or(Value::Null);
-    let operation = match Operation::from_request(&request) {
+    let operation = Operation::from_request(&request).map_err(|e| (-32602, e.to_string()));
+    (id, operation)
+}
+
+async fn answer(line: &str, operators: &Operators) -> Value {
+    let (id, operation) = decode_request(line);
+    let operation = match operation {
         Ok(operation) => operation,
-        Err(e) => return rpc_error(id, -32602, &e.to_string()),
+        Err((code, message)) => return rpc_error(id, code, &message),
     };
     match operators.ask(operation).await {
         Ok(outcome) => json!({"jsonrpc": "2.0", "id": id, "result": outcome.into_json()}),
@@ -183,6 +192,12 @@ fn rpc_error(id: Value, code: i64, message: &str) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }
 
+/// The request line (without its newline) that asks for `operation`.
+pub fn request_line(operation: &Operation) -> String {
+    json!({"jsonrpc": "2.0", "id": 1, "method": operation.name(), "params": operation.params()})
+        .to_string()
+}
+
 /// Sends `operation` to the daemon on `path` and returns its result.
 pub async fn request(path: &Path, operation: &Operation) -> Result<Value, ControlError> {
     let stream = UnixStream::connect(path)
@@ -192,9 +207,7 @@ pub async fn request(path: &Path, operation: &Operation) -> Result<Value, Contro
             source,
         })?;
     let (read, mut write) = stream.into_split();
-    let mut line =
-        json!({"jsonrpc": "2.0", "id": 1, "method": operation.name(), "params": operation.params()})
-            .to_string();
+    let mut line = request_line(operation);
     line.push('\n');
     let protocol = |why: String| ControlError::Protocol {
         path: path.to_owned(),

@@ -190,10 +190,24 @@ pub struct ManifestError {
 
 impl fmt::Display for ManifestError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.line {
-            Some(line) => write!(f, "{}:{}: {}", self.path.display(), line, self.message),
-            None => write!(f, "{}: {}", self.path.display(), self.message),
+        // The file's name and what the message quotes from it (a key, a
+        // value, a path) may hold control characters: escaped, so that an
+        // error is one line and cannot forge another.
+        let text = match self.line {
+            Some(line) => format!("{}:{}: {}", self.path.display(), line, self.message),
+            None => format!("{}: {}", self.path.display(), self.message),
+        };
+        if !text.chars().any(char::is_control) {
+            return f.write_str(&text);
         }
+        for c in text.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
     }
 }
 

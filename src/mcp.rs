@@ -216,7 +216,7 @@ pub fn parse_tools_page(result: &Value) -> (Vec<Result<ToolSpec, String>>, Optio
                 .get("name")
                 .and_then(Value::as_str)
                 .filter(|n| !n.is_empty())
-                .ok_or_else(|| format!("a listed tool has no name: {t}"))?;
+                .ok_or_else(|| format!("a listed tool has no name: {}", json_one_line(t)))?;
             let input_schema = t
                 .get("inputSchema")
                 .filter(|s| s.is_object() || s.is_boolean())
@@ -238,6 +238,25 @@ pub fn parse_tools_page(result: &Value) -> (Vec<Result<ToolSpec, String>>, Optio
         })
         .collect();
     (specs, cursor)
+}
+
+/// `value` as JSON text fit for one log line: JSON escapes the C0 controls
+/// in strings; DEL and the C1 controls (a terminal may take U+009B for an
+/// escape) are escaped here too, as `\u00XX`, so the text stays JSON.
+fn json_one_line(value: &Value) -> String {
+    let text = value.to_string();
+    if !text.chars().any(char::is_control) {
+        return text;
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if c.is_control() {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The output schema of a tool that declares none: the shape of the OVOS MCP

@@ -55,7 +55,9 @@ impl Message {
         // which a map (last one wins) would let through.
         #[derive(serde::Deserialize)]
         struct Envelope {
-            #[serde(rename = "type")]
+            // A `"type": null` is present (a bad type), not absent, as in
+            // `from_value`: an Option would read null as absent.
+            #[serde(rename = "type", default, deserialize_with = "present")]
             msg_type: Option<Value>,
             data: Option<Value>,
             context: Option<Value>,
@@ -186,6 +188,11 @@ impl Message {
     }
 }
 
+/// A member that is there, whatever its value (null included).
+fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    <Value as serde::Deserialize>::deserialize(deserializer).map(Some)
+}
+
 fn take_object(obj: &mut Object, key: &'static str) -> Result<Object, DecodeError> {
     object_or_empty(obj.remove(key), key)
 }
@@ -284,6 +291,11 @@ mod tests {
         assert_eq!(Message::decode("[1,2]"), Err(DecodeError::NotObject));
         assert_eq!(Message::decode("\"x\""), Err(DecodeError::NotObject));
         assert_eq!(Message::decode("{}"), Err(DecodeError::MissingType));
+        // A null type is there, and not a string (as from_value says).
+        assert_eq!(
+            Message::decode(r#"{"type":null}"#),
+            Err(DecodeError::BadType)
+        );
         assert_eq!(Message::decode(r#"{"type":""}"#), Err(DecodeError::BadType));
         assert_eq!(Message::decode(r#"{"type":3}"#), Err(DecodeError::BadType));
         assert_eq!(
