@@ -197,17 +197,7 @@ impl fmt::Display for ManifestError {
             Some(line) => format!("{}:{}: {}", self.path.display(), line, self.message),
             None => format!("{}: {}", self.path.display(), self.message),
         };
-        if !text.chars().any(char::is_control) {
-            return f.write_str(&text);
-        }
-        for c in text.chars() {
-            if c.is_control() {
-                write!(f, "{}", c.escape_default())?;
-            } else {
-                write!(f, "{c}")?;
-            }
-        }
-        Ok(())
+        f.write_str(&crate::throttle::escape_controls(&text))
     }
 }
 

@@ -203,7 +203,8 @@ impl Service {
             }
             // What a client sent may be quoted in the error: escaped, so it
             // cannot forge a log line.
-            let error = error.to_string().escape_debug().to_string();
+            let error = error.to_string();
+            let error = crate::throttle::escape_controls(&error);
             tracing::warn!("dropped a malformed bus frame: {error}");
         }
     }

@@ -1,6 +1,7 @@
-//! A per-second budget of log lines from a source outside the daemon (a
-//! child's messages, malformed bus frames): past it lines are counted, not
-//! logged, so no one outside can flood the log.
+//! Log lines made of what comes from outside the daemon (a child's messages,
+//! malformed bus frames, a manifest's text): a per-second budget, past which
+//! lines are counted, not logged, so no one outside can flood the log; and
+//! escaping, so no one outside can forge a line.
 
 use std::time::Duration;
 
@@ -42,6 +43,23 @@ impl LogBudget {
     }
 }
 
+/// `text` with its control characters escaped (`\n`, `\u{1b}`), so that
+/// it is one log line and cannot move a terminal's cursor.
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +73,11 @@ mod tests {
         assert_eq!(budget.take(), None);
         budget.since -= Duration::from_secs(1);
         assert_eq!(budget.take(), Some(2));
+    }
+
+    #[test]
+    fn only_control_characters_are_escaped() {
+        assert_eq!(escape_controls("a\nb\r\u{1b}[2J"), "a\\nb\\r\\u{1b}[2J");
+        assert_eq!(escape_controls("\"type\" twice é"), "\"type\" twice é");
     }
 }

@@ -18,15 +18,11 @@ pub(super) use crate::throttle::LogBudget;
 /// newline could forge a log line; escapes could move a terminal's cursor)
 /// escaped, and cut at [`STDERR_LINE_MAX`] characters.
 pub(super) fn sanitize(text: &str) -> String {
-    let mut out = String::with_capacity(text.len().min(STDERR_LINE_MAX));
-    for c in text.chars().take(STDERR_LINE_MAX) {
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    let cut = text
+        .char_indices()
+        .nth(STDERR_LINE_MAX)
+        .map_or(text, |(end, _)| &text[..end]);
+    crate::throttle::escape_controls(cut).into_owned()
 }
 
 pub(super) fn log_child_message(toolbox: &str, pid: u32, params: &Value) {
