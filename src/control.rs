@@ -267,8 +267,11 @@ pub fn status_table(rows: &Value) -> String {
         let uptime = r["uptime_s"]
             .as_u64()
             .map_or("-".to_owned(), |s| format!("{s}s"));
+        // The last column says what most needs saying: why the state, a
+        // conflict with another host, or how the last child ended.
         let last = r["reason"]
             .as_str()
+            .or(r["conflict"].as_str())
             .or(r["last_exit"].as_str())
             .unwrap_or("-");
         out.push_str(&format!(

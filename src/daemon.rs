@@ -348,8 +348,9 @@ fn start(start: Start) -> Daemon {
 async fn start_up(daemon: &mut Daemon, stop: &mut Shutdown) -> bool {
     let started = async {
         let _ = daemon.connected.wait_for(|up| *up).await;
-        let taken = daemon.peers.probe().await;
-        daemon.supervisor.admit(&taken).await;
+        // Served at once; the check for other hosts' ids runs beside, once
+        // the operator serves (see `Operator::run`).
+        daemon.supervisor.admit();
         tracing::info!("taking calls; waiting for the toolboxes to finish starting");
         daemon.supervisor.wait_started().await;
     };

@@ -82,8 +82,9 @@ enum Command {
         /// daemon on the bus.
         #[arg(long)]
         host_only: bool,
-        /// Milliseconds to listen, at start and reload, for other hosts'
-        /// toolbox ids (0: do not ask).
+        /// Milliseconds each of the two probes for other hosts' toolbox ids
+        /// listens, after start and every reload, beside the serving (0: do
+        /// not ask).
         #[arg(long, default_value_t = 100)]
         peer_probe_ms: u64,
     },

@@ -15,6 +15,20 @@ use serde::Deserialize;
 pub const MODERN_VERSIONS: &[&str] = &["2026-07-28"];
 /// Most children one toolbox may run.
 pub const MAX_INSTANCES: usize = 64;
+/// What a toolbox does when another host on the bus is found answering for
+/// its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnConflict {
+    /// Report it (log, status) and keep serving: no message from the bus,
+    /// forged or not, can stop a toolbox.
+    #[default]
+    Warn,
+    /// Withdraw, but only from a claim that held over a whole peer check
+    /// (two probes in a row) by a host listing tools for the id.
+    Yield,
+}
+
 /// Legacy MCP protocol versions, newest first.
 pub const LEGACY_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
 
@@ -41,6 +55,8 @@ pub struct Manifest {
     pub instances: usize,
     /// `None` probes the era; `Some(version)` pins an MCP protocol version.
     pub protocol: Option<String>,
+    /// What to do when another host answers for this id.
+    pub on_conflict: OnConflict,
     /// When and how fast a dead child is replaced.
     pub restart: Restart,
     /// Per-call and per-child bounds.
@@ -159,6 +175,8 @@ struct RawManifest {
     instances: usize,
     #[serde(default = "default_protocol")]
     protocol: String,
+    #[serde(default)]
+    on_conflict: OnConflict,
     #[serde(default)]
     restart: Restart,
     #[serde(default)]
@@ -341,6 +359,7 @@ impl Manifest {
             enabled: raw.enabled,
             instances: raw.instances,
             protocol,
+            on_conflict: raw.on_conflict,
             restart: raw.restart,
             limits: raw.limits,
         })

@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::notify::Notifier;
-use crate::peers::Peers;
+use crate::peers::{PeerCheck, Peers};
 use crate::registry::{Catalog, Registry};
 use crate::shutdown::Shutdown;
 use crate::supervisor::{ReloadReport, Supervisor};
@@ -245,7 +245,8 @@ pub struct Operator {
     supervisor: Supervisor,
     /// The catalog, for status and for the toolbox an operation names.
     registry: Arc<Registry>,
-    /// The check for other hosts' ids, done before every reload.
+    /// The check for other hosts' ids: run when the operator starts and after
+    /// every reload, beside the serving (nothing waits for it).
     peers: Arc<Peers>,
     /// systemd hears RELOADING=1 and READY=1 around a reload.
     notifier: Arc<Notifier>,
@@ -280,11 +281,18 @@ impl Operator {
         } = self;
         // Replies waiting for the next reload.
         let mut waiting: Vec<Reply> = Vec::new();
+        // The peer check under way, if any: the first starts now.
+        let mut check = Some(peer_check(&peers));
         loop {
             if waiting.is_empty() {
                 let request = tokio::select! {
                     biased;
                     _ = stop.recv() => None,
+                    found = or_never(check.as_mut()) => {
+                        check = None;
+                        supervisor.settle(&found).await;
+                        continue;
+                    }
                     request = inbox.rx.recv() => request,
                 };
                 let Some(request) = request else { break };
@@ -301,7 +309,7 @@ impl Operator {
             if batch.len() > 1 {
                 tracing::info!(requests = batch.len(), "reload requests coalesced into one");
             }
-            let reload = reload(&mut supervisor, &peers, &notifier);
+            let reload = reload(&mut supervisor, &notifier);
             tokio::pin!(reload);
             // Meanwhile other operations are carried out, and reloads wait
             // for the next one.
@@ -314,11 +322,29 @@ impl Operator {
             for reply in batch {
                 reply.answer(Ok(Outcome::Reloaded(report.clone())));
             }
+            // New toolboxes are checked against the other hosts afresh.
+            check = Some(peer_check(&peers));
             if stop.is_down() {
                 break;
             }
         }
         supervisor
+    }
+}
+
+/// A peer check, as a future the operator's loop can wait on beside requests.
+fn peer_check(
+    peers: &Arc<Peers>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = PeerCheck> + Send>> {
+    let peers = peers.clone();
+    Box::pin(async move { peers.check().await })
+}
+
+/// Awaits `future` if there is one; otherwise never completes.
+async fn or_never<F: std::future::Future + Unpin>(future: Option<&mut F>) -> F::Output {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
     }
 }
 
@@ -360,13 +386,12 @@ where
 }
 
 /// A reload, announced to systemd around it.
-async fn reload(supervisor: &mut Supervisor, peers: &Peers, notifier: &Notifier) -> ReloadReport {
+async fn reload(supervisor: &mut Supervisor, notifier: &Notifier) -> ReloadReport {
     notifier.send(&format!(
         "RELOADING=1\nMONOTONIC_USEC={}",
         crate::notify::monotonic_usec()
     ));
-    let taken = peers.probe().await;
-    let report = supervisor.reload(&taken).await;
+    let report = supervisor.reload().await;
     notifier.send("READY=1");
     report
 }
@@ -383,6 +408,7 @@ pub fn status(catalog: &Catalog) -> Value {
                 _ => None,
             };
             let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
+            let conflict = entry.conflict.clone();
             json!({
                 "id": id,
                 "state": entry.state.name(),
@@ -399,6 +425,7 @@ pub fn status(catalog: &Catalog) -> Value {
                 "in_flight": s.in_flight,
                 "p50_ms": ms(s.p50),
                 "p99_ms": ms(s.p99),
+                "conflict": conflict,
             })
         })
         .collect();

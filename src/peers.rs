@@ -1,13 +1,16 @@
-//! The multi-host check: which toolbox ids other hosts on the bus already
+//! The multi-host check: which toolbox ids other hosts on the bus also
 //! answer for (OVOS-TOOLS-1 §3 wants ids unique on a bus).
 //!
 //! The daemon asks with an `ovos.persona.tools.discover` of its own, marked
 //! with its instance in the context, and collects the `toolbox_id` of every
 //! discover response carrying that mark for a window. Its own service does not
 //! answer its own probe, and answers another daemon's probe at once (see
-//! [`crate::service`]).
+//! [`crate::service`]). A check is two probes in a row: a claim seen in one
+//! is reported; only a claim that holds in both, by a host that lists tools
+//! for the id, can make a toolbox yield (the bus has no authentication: no
+//! single message may stop a toolbox).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -39,8 +42,19 @@ pub struct Peers {
     out: mpsc::UnboundedSender<String>,
     /// How long a probe listens for answers; zero means never ask.
     window: Duration,
-    /// Where the ids of a running probe's answers go; `None` between probes.
-    collecting: Mutex<Option<mpsc::UnboundedSender<String>>>,
+    /// Where a running probe's answers go (the id, and whether the answer
+    /// lists tools); `None` between probes.
+    collecting: Mutex<Option<mpsc::UnboundedSender<(String, bool)>>>,
+}
+
+/// What a check found.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PeerCheck {
+    /// Every id another host claimed in either probe: reported.
+    pub seen: BTreeSet<String>,
+    /// The ids claimed in both probes with tools listed: the claims a toolbox
+    /// with `on_conflict = "yield"` gives way to.
+    pub held: BTreeSet<String>,
 }
 
 impl Peers {
@@ -58,12 +72,27 @@ impl Peers {
         }
     }
 
-    /// Toolbox ids other hosts on the bus answer for: asks every host and
-    /// collects the ids for the window (none at all when the window is zero).
-    pub async fn probe(&self) -> BTreeSet<String> {
+    /// Two probes in a row (nothing at all when the window is zero).
+    pub async fn check(&self) -> PeerCheck {
         if self.window.is_zero() {
-            return BTreeSet::new();
+            return PeerCheck::default();
         }
+        let first = self.probe().await;
+        let second = self.probe().await;
+        let lists = |claims: &BTreeMap<String, bool>, id: &str| claims.get(id) == Some(&true);
+        PeerCheck {
+            held: first
+                .keys()
+                .filter(|id| lists(&first, id) && lists(&second, id))
+                .cloned()
+                .collect(),
+            seen: first.into_keys().chain(second.into_keys()).collect(),
+        }
+    }
+
+    /// Toolbox ids other hosts answer for, and whether each answer listed
+    /// tools: asks every host and collects the answers for the window.
+    async fn probe(&self) -> BTreeMap<String, bool> {
         let (tx, mut rx) = mpsc::unbounded_channel();
         *self.collecting.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         let mut probe = Message::new(DISCOVER, Object::new());
@@ -76,11 +105,11 @@ impl Peers {
         let _ = self.out.send(probe.encode());
         tokio::time::sleep(self.window).await;
         *self.collecting.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        let mut ids = BTreeSet::new();
-        while let Ok(id) = rx.try_recv() {
-            ids.insert(id);
+        let mut claims = BTreeMap::new();
+        while let Ok((id, lists_tools)) = rx.try_recv() {
+            *claims.entry(id).or_insert(false) |= lists_tools;
         }
-        ids
+        claims
     }
 
     /// A discover response seen on the bus: while a probe runs, note the id
@@ -97,7 +126,12 @@ impl Peers {
             return;
         }
         if let Some(id) = answer.data.get("toolbox_id").and_then(Value::as_str) {
-            let _ = tx.send(id.to_owned());
+            let lists_tools = answer
+                .data
+                .get("tools")
+                .and_then(Value::as_array)
+                .is_some_and(|tools| !tools.is_empty());
+            let _ = tx.send((id.to_owned(), lists_tools));
         }
     }
 

@@ -21,9 +21,13 @@ pub struct Entry {
     pub state: State,
     /// Its last known tools.
     pub tools: Arc<ToolSet>,
-    /// Whether it may answer on the bus: not until no other host on the bus
-    /// turned out to answer for the same id (see `Supervisor::admit`).
+    /// Whether it may answer on the bus: from the moment the daemon is on
+    /// the bus (see `Supervisor::admit`).
     pub admitted: bool,
+    /// Another host on the bus also answers for this id, as the last peer
+    /// check found: reported in status; the toolbox keeps serving unless its
+    /// manifest says `on_conflict = "yield"` (see `Supervisor::settle`).
+    pub conflict: Option<String>,
 }
 
 impl Entry {
@@ -184,6 +188,7 @@ impl Registry {
                     state,
                     tools: Arc::default(),
                     admitted: false,
+                    conflict: None,
                 },
             );
         });
@@ -194,6 +199,16 @@ impl Registry {
         self.update(|entries| {
             if let Some(entry) = entries.get_mut(id) {
                 entry.admitted = true;
+            }
+        });
+    }
+
+    /// Notes that another host also answers for toolbox `id` (`why`), or
+    /// that none does any more (`None`).
+    pub fn note_conflict(&self, id: &str, why: Option<String>) {
+        self.update(|entries| {
+            if let Some(entry) = entries.get_mut(id) {
+                entry.conflict = why;
             }
         });
     }
@@ -306,6 +321,7 @@ mod tests {
             state,
             tools: Arc::default(),
             admitted,
+            conflict: None,
         }
     }
 

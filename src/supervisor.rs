@@ -1,13 +1,14 @@
 //! The owner of the set of toolbox actors: starts one per manifest, applies a
 //! manifest reload as a diff, and stops them all on shutdown.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures_util::future::join_all;
 
-use crate::manifest::{self, Manifest};
+use crate::manifest::{self, Manifest, OnConflict};
+use crate::peers::PeerCheck;
 use crate::registry::Registry;
 use crate::toolbox::{self, ToolboxHandle};
 
@@ -86,40 +87,55 @@ impl Supervisor {
         self.hosted.get(id).map(|h| h.handle.clone())
     }
 
-    /// Lets every toolbox not yet on the bus answer there, except those whose
-    /// id another host already answers for (`taken`): OVOS-TOOLS-1 §3 wants ids
-    /// unique on a bus, so those are stopped and reported as `conflict`.
-    /// Returns (manifest path, reason) per refused toolbox.
-    pub async fn admit(&mut self, taken: &BTreeSet<String>) -> Vec<(String, String)> {
-        let waiting: Vec<String> = self
-            .hosted
-            .iter()
-            .filter(|(_, h)| !h.admitted)
-            .map(|(id, _)| id.clone())
-            .collect();
-        let mut refused = Vec::new();
-        for id in waiting {
-            if !taken.contains(&id) {
-                self.registry.admit(&id);
-                if let Some(h) = self.hosted.get_mut(&id) {
-                    h.admitted = true;
+    /// Lets every toolbox not yet on the bus answer there: at once, without
+    /// waiting for the peer check (which runs beside, see [`Supervisor::settle`]).
+    pub fn admit(&mut self) {
+        for (id, hosted) in self.hosted.iter_mut().filter(|(_, h)| !h.admitted) {
+            self.registry.admit(id);
+            hosted.admitted = true;
+        }
+    }
+
+    /// Acts on a peer check: an id another host also answers for is reported
+    /// (log, status); a toolbox whose manifest says `on_conflict = "yield"`
+    /// gives way, stopped and shown as `conflict`, but only to a claim that
+    /// held over the whole check. Returns (manifest path, reason) per toolbox
+    /// that gave way.
+    pub async fn settle(&mut self, check: &PeerCheck) -> Vec<(String, String)> {
+        let mut yielded = Vec::new();
+        let ids: Vec<String> = self.hosted.keys().cloned().collect();
+        for id in ids {
+            let Some(hosted) = self.hosted.get(&id) else {
+                continue;
+            };
+            if !check.seen.contains(&id) {
+                self.registry.note_conflict(&id, None);
+                continue;
+            }
+            if hosted.manifest.on_conflict == OnConflict::Yield && check.held.contains(&id) {
+                let reason = format!(
+                    "another host on the bus already answers for toolbox_id '{id}', so this \
+                     daemon does not host it (on_conflict = \"yield\"); rename one, or stop the \
+                     other and reload"
+                );
+                tracing::error!(toolbox = %id, "{reason}");
+                if let Some(h) = self.hosted.remove(&id) {
+                    let _ = h.handle.stop().await;
+                    yielded.push((h.manifest.path.display().to_string(), reason.clone()));
                 }
+                self.registry
+                    .set(&id, toolbox::State::Conflict { reason }, None);
                 continue;
             }
             let reason = format!(
-                "another host on the bus already answers for toolbox_id '{id}', so this daemon \
-                 does not host it (ids must be unique on a bus); rename one, or stop the other \
-                 and reload"
+                "another host on the bus also answers for toolbox_id '{id}' (ids must be \
+                 unique on a bus); this daemon keeps serving it: rename one, stop the other, \
+                 or set on_conflict = \"yield\""
             );
             tracing::error!(toolbox = %id, "{reason}");
-            if let Some(h) = self.hosted.remove(&id) {
-                let _ = h.handle.stop().await;
-                refused.push((h.manifest.path.display().to_string(), reason.clone()));
-            }
-            self.registry
-                .set(&id, toolbox::State::Conflict { reason }, None);
+            self.registry.note_conflict(&id, Some(reason));
         }
-        refused
+        yielded
     }
 
     /// Handles of every hosted toolbox.
@@ -142,8 +158,8 @@ impl Supervisor {
     /// removed ones drain and stop, changed ones get a rolling restart into
     /// their new configuration, unchanged ones only refresh their tools. A manifest that became invalid is reported and
     /// its running toolbox keeps its old configuration.
-    /// New toolboxes whose id is in `taken` (answered by another host) are refused.
-    pub async fn reload(&mut self, taken: &BTreeSet<String>) -> ReloadReport {
+    /// New toolboxes answer on the bus at once (the peer check follows).
+    pub async fn reload(&mut self) -> ReloadReport {
         let set = manifest::load_dirs(&self.dirs);
         let mut report = ReloadReport::default();
         let broken: HashSet<PathBuf> = set.errors.iter().map(|e| e.path.clone()).collect();
@@ -215,8 +231,7 @@ impl Supervisor {
         });
         join_all(stops).await;
         join_all(refresh.iter().map(|h| h.refresh())).await;
-        let refused = self.admit(taken).await;
-        report.errors.extend(refused);
+        self.admit();
         self.wait_started().await;
 
         let catalog = self.registry.snapshot();
@@ -285,7 +300,7 @@ mod tests {
         assert_eq!(errors.len(), 1);
         assert!(errors[0].path.ends_with("bad.toml"));
         assert!(errors[0].to_string().contains("command"), "{}", errors[0]);
-        assert!(supervisor.admit(&BTreeSet::new()).await.is_empty());
+        supervisor.admit();
         supervisor.wait_started().await;
         let catalog = registry.snapshot();
         let good = catalog.toolbox("good").unwrap();
@@ -299,23 +314,46 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_id_another_host_answers_for_is_refused_as_conflict() {
+    async fn a_conflict_is_reported_and_only_a_held_claim_makes_a_yielding_toolbox_give_way() {
         let dir = manifests_dir("conflict");
-        write(&dir, "mine", "");
-        write(&dir, "theirs", "");
+        write(&dir, "warns", "");
+        write(&dir, "yields", "on_conflict = \"yield\"");
+        write(&dir, "alone", "");
         let registry = Arc::new(Registry::default());
         let (mut supervisor, _) = Supervisor::start(vec![dir.clone()], registry.clone());
-        let taken = BTreeSet::from(["theirs".to_owned()]);
-        let refused = supervisor.admit(&taken).await;
-        assert_eq!(refused.len(), 1);
-        assert!(refused[0].0.ends_with("theirs.toml"));
-        assert!(refused[0]
-            .1
-            .contains("already answers for toolbox_id 'theirs'"));
-        assert_eq!(state(&registry, "theirs").as_deref(), Some("conflict"));
-        assert!(supervisor.handle("theirs").is_none());
+        supervisor.admit();
         supervisor.wait_started().await;
-        assert!(registry.snapshot().toolbox("mine").unwrap().is_listed());
+        let note = |id: &str| registry.snapshot().toolbox(id).unwrap().conflict.clone();
+
+        // Seen once (one message, forged or not): reported, nobody yields.
+        let once = PeerCheck {
+            seen: ["warns", "yields"].map(String::from).into(),
+            held: Default::default(),
+        };
+        assert!(supervisor.settle(&once).await.is_empty());
+        for id in ["warns", "yields"] {
+            assert!(note(id)
+                .unwrap()
+                .contains(&format!("also answers for toolbox_id '{id}'")));
+            assert!(registry.snapshot().toolbox(id).unwrap().is_listed());
+        }
+        assert_eq!(note("alone"), None);
+
+        // Held over the whole check: only the yielding toolbox gives way.
+        let held = PeerCheck {
+            seen: once.seen.clone(),
+            held: once.seen.clone(),
+        };
+        let yielded = supervisor.settle(&held).await;
+        assert_eq!(yielded.len(), 1);
+        assert!(yielded[0].0.ends_with("yields.toml"));
+        assert_eq!(state(&registry, "yields").as_deref(), Some("conflict"));
+        assert!(supervisor.handle("yields").is_none());
+        assert!(registry.snapshot().toolbox("warns").unwrap().is_listed());
+
+        // The claim gone, the report goes too.
+        supervisor.settle(&PeerCheck::default()).await;
+        assert_eq!(note("warns"), None);
         supervisor.shutdown().await;
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -328,7 +366,7 @@ mod tests {
         }
         let registry = Arc::new(Registry::default());
         let (mut supervisor, _) = Supervisor::start(vec![dir.clone()], registry.clone());
-        supervisor.admit(&BTreeSet::new()).await;
+        supervisor.admit();
         supervisor.wait_started().await;
         let before: BTreeMap<&str, u32> = ["same", "changed", "removed"]
             .into_iter()
@@ -338,7 +376,7 @@ mod tests {
         write(&dir, "changed", "env = { CHANGED = \"1\" }");
         std::fs::remove_file(dir.join("removed.toml")).unwrap();
         write(&dir, "added", "");
-        let report = supervisor.reload(&BTreeSet::new()).await;
+        let report = supervisor.reload().await;
 
         assert!(report.errors.is_empty(), "{:?}", report.errors);
         assert_eq!(report.loaded, ["added", "changed", "same"]);

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{math_manifest, start_bus, text_manifest, Bus, Daemon, TempDir};
 use serde_json::json;
 
@@ -19,7 +21,10 @@ async fn a_second_daemon_refuses_a_toolbox_id_the_first_answers_for() {
         &url,
     ]);
     let second_dir = TempDir::new("host2");
-    second_dir.write("math.toml", &math_manifest("math"));
+    second_dir.write(
+        "math.toml",
+        &format!("{}on_conflict = \"yield\"\n", math_manifest("math")),
+    );
     second_dir.write("text.toml", &text_manifest("text"));
     let second = Daemon::start_with(&[
         "--manifests",
@@ -29,8 +34,9 @@ async fn a_second_daemon_refuses_a_toolbox_id_the_first_answers_for() {
         "--host-only",
     ]);
 
-    let row = second.status("math");
-    assert_eq!(row["state"], "conflict", "{row}");
+    // The check runs beside the serving: the claim, held over both probes,
+    // makes the yielding toolbox give way.
+    let row = second.wait_for_state("math", "conflict", Duration::from_secs(10));
     assert!(
         row["reason"]
             .as_str()
@@ -88,6 +94,64 @@ async fn a_second_daemon_refuses_a_toolbox_id_the_first_answers_for() {
         .await;
     assert_eq!(r["data"]["result"]["result"], 4);
     drop(second);
+    bus_process.kill().unwrap();
+    bus_process.wait().unwrap();
+}
+
+#[tokio::test]
+async fn one_forged_answer_to_the_peer_check_stops_nothing() {
+    // Any client could answer the daemon's peer probe naming its ids: one
+    // forged message put each named toolbox in `conflict`, stopped. Now a
+    // claim is reported, and even a toolbox set to yield gives way only to a
+    // claim that holds over the whole check.
+    let (mut bus_process, port) = start_bus(0);
+    let url = format!("ws://127.0.0.1:{port}/core");
+    let mut forger = Bus::connect(&url).await;
+    let dir = TempDir::new("forged");
+    dir.write(
+        "math.toml",
+        &format!("{}on_conflict = \"yield\"\n", math_manifest("math")),
+    );
+    dir.write("text.toml", &text_manifest("text"));
+    let daemon = Daemon::start_with(&["--manifests", dir.path().to_str().unwrap(), "--bus", &url]);
+    // The first probe, answered once for each id, as if another host served them.
+    let probe = forger
+        .wait_for(Duration::from_secs(10), |m| {
+            m["type"] == "ovos.persona.tools.discover" && m["context"]["toolboxd_probe"].is_string()
+        })
+        .await
+        .expect("the daemon probes for other hosts");
+    for id in ["math", "text"] {
+        forger
+            .send(
+                "ovos.persona.tools.discover.response",
+                json!({"toolbox_id": id, "tools": [{"name": "add"}]}),
+                probe["context"].clone(),
+            )
+            .await;
+    }
+    common::wait_until("the claims are reported", Duration::from_secs(10), || {
+        ["math", "text"]
+            .iter()
+            .all(|id| daemon.status(id)["conflict"].is_string())
+    });
+    for id in ["math", "text"] {
+        let row = daemon.status(id);
+        assert_eq!(row["state"], "ready", "{row}");
+        assert!(
+            row["conflict"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("also answers for toolbox_id '{id}'")),
+            "{row}"
+        );
+    }
+    let mut bus = Bus::connect(&url).await;
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+    drop(daemon);
     bus_process.kill().unwrap();
     bus_process.wait().unwrap();
 }
