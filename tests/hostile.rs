@@ -1053,3 +1053,29 @@ async fn ten_thousand_manifests_cost_linear_time() {
         "ready {ready:?}, status {status:?}, shutdown {shutdown:?}"
     );
 }
+
+#[tokio::test]
+async fn a_clients_close_is_answered() {
+    // A client closing with a Close frame got no Close back (RFC 6455 §5.5.1).
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let dir = TempDir::new("close");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let (mut ws, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
+    ws.send(Message::Close(None)).await.unwrap();
+    let answered = tokio::time::timeout(common::ANSWER_DEADLINE, async {
+        while let Some(frame) = ws.next().await {
+            match frame {
+                Ok(Message::Close(_)) => return true,
+                Ok(_) => continue,
+                // tungstenite reports the end of a closed handshake as an
+                // error only when no Close came back.
+                Err(_) => return false,
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(answered, Ok(true), "no Close frame came back");
+}

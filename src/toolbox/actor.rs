@@ -14,15 +14,14 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
 use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
+use super::running::{drain_and_stop, Down, Running};
 use super::{CallLimits, Command, Outcome, Serving, Slot, State, Stats};
 use crate::child::{Child, ChildEvent, ExitInfo, RpcFailure};
-use crate::launch::{self, LaunchError, Launched};
+use crate::launch::{self, Launched};
 use crate::manifest::Manifest;
 use crate::mcp::ToolSpec;
 use crate::tool::ToolSet;
 
-/// How long a child gets to exit after its stdin closes, and again after SIGTERM.
-const STOP_GRACE: Duration = Duration::from_secs(3);
 /// Liveness probes missed in a row before the child is killed.
 const MAX_MISSED_PROBES: u32 = 3;
 /// How soon a child that could not be spawned for want of descriptors,
@@ -104,59 +103,6 @@ enum Event {
     RefreshDue,
     /// The backoff delay or the failed cool-down is over.
     Timer,
-}
-
-/// The child serving calls.
-struct Running {
-    child: Child,
-    /// What the child tells its owner (tool list changes).
-    events: mpsc::UnboundedReceiver<ChildEvent>,
-    /// What callers use to reach it.
-    serving: Arc<Serving>,
-    /// When it started serving; a long run resets the backoff.
-    started: Instant,
-    /// Liveness probe ticks (`probe_interval_s`).
-    probe: tokio::time::Interval,
-    /// Probes missed in a row.
-    missed: u32,
-    /// Why we killed the child, once we did: said with its exit.
-    killed_for: Option<String>,
-    /// When to list its tools again, if it said they changed too soon
-    /// after the last listing.
-    refresh_due: Option<tokio::time::Instant>,
-}
-
-/// A child that went down, as the restart policy and the failure report need it.
-struct Down {
-    /// How it ended (`Code(-1)` when it never ran).
-    exit: ExitInfo,
-    /// How long it had served; a long run resets the backoff.
-    uptime: Duration,
-    /// What happened, in words, for status and errors.
-    text: String,
-    /// Its last stderr lines.
-    stderr: Vec<String>,
-    /// It could not even be spawned, for want of descriptors, processes or
-    /// memory: tried again without charging the restart budget.
-    short_of_resources: bool,
-}
-
-impl Down {
-    /// A child that could not finish its start: make sure it is gone, say why.
-    async fn of_failed_start(failed: LaunchError) -> Down {
-        let (exit, stderr) = failed.reap().await;
-        let text = match failed.child {
-            Some(_) => format!("failed to start ({}; child {exit})", failed.why),
-            None => format!("failed to start: {}", failed.why),
-        };
-        Down {
-            exit,
-            uptime: Duration::ZERO,
-            text,
-            stderr,
-            short_of_resources: failed.short_of_resources,
-        }
-    }
 }
 
 /// Awaits `future` if there is one; otherwise never completes (a branch of
@@ -740,33 +686,4 @@ impl Actor {
         self.show(mode.view(), None);
         mode
     }
-}
-
-/// Lets a child that no longer receives new calls finish the ones it has
-/// (within `drain_timeout_s`), then stops it. Returns how it exited.
-async fn drain_and_stop(running: Running, manifest: &Manifest) -> ExitInfo {
-    let serving = &running.serving;
-    // Callers still queued for a slot look for the serving child again.
-    serving.permits.close();
-    let drain = Duration::from_secs(manifest.limits.drain_timeout_s);
-    let deadline = tokio::time::Instant::now() + drain;
-    loop {
-        // Registered before the check, so a slot given back in between wakes us.
-        let settled = serving.settled.notified();
-        if serving.permits.available_permits() >= serving.max_calls {
-            break;
-        }
-        tokio::select! {
-            _ = settled => {}
-            _ = running.child.exited() => break,
-            _ = tokio::time::sleep_until(deadline) => break,
-        }
-    }
-    let exit = running.child.stop(STOP_GRACE).await;
-    tracing::info!(
-        toolbox = %manifest.id,
-        pid = running.child.pid(),
-        "child stopped ({exit})"
-    );
-    exit
 }

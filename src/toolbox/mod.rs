@@ -13,6 +13,7 @@
 mod actor;
 mod replicas;
 pub mod restart;
+mod running;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,208 @@
+//! Manifest parsing and validation, file by file and knob by knob.
+
+use super::*;
+
+fn parse(text: &str) -> Result<Manifest, ManifestError> {
+    Manifest::parse(Path::new("/tmp/m.toml"), text)
+}
+
+#[test]
+fn defaults_fill_everything_optional() {
+    let m = parse("id = \"math\"\ncommand = \"sh\"\n").unwrap();
+    assert_eq!(m.id, "math");
+    assert!(m.enabled && !m.env_clear && m.protocol.is_none());
+    assert_eq!(m.restart, Restart::default());
+    assert_eq!(m.limits, Limits::default());
+    assert_eq!(m.cwd, Path::new("/tmp"));
+    assert!(m.program.ends_with("sh"));
+}
+
+#[test]
+fn unknown_key_names_key_and_line() {
+    let e = parse("id = \"a\"\ncommand = \"sh\"\ncomand = \"x\"\n").unwrap_err();
+    assert_eq!(e.line, Some(3));
+    assert!(e.message.contains("comand"), "{e}");
+    let e = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\ncall_timeout = 3\n").unwrap_err();
+    assert_eq!(e.line, Some(4));
+    assert!(
+        e.to_string().starts_with("/tmp/m.toml:4: unknown field"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_ids_are_rejected_with_the_rule() {
+    for id in ["a.b", "a:b", "", "a b", "ü"] {
+        let e = parse(&format!("command = \"sh\"\nid = {id:?}\n")).unwrap_err();
+        assert_eq!(e.line, Some(2), "{id}");
+        assert!(e.message.contains("never ':' or '.'"), "{e}");
+    }
+}
+
+#[test]
+fn missing_executable_is_named() {
+    let e = parse("id = \"a\"\ncommand = \"no-such-binary-xyz\"\n").unwrap_err();
+    assert_eq!(e.line, Some(2));
+    assert!(e.message.contains("not found in PATH"), "{e}");
+    let e = parse("id = \"a\"\ncommand = \"./nope.sh\"\n").unwrap_err();
+    assert!(e.message.contains("does not exist"), "{e}");
+}
+
+#[test]
+fn every_knob_is_bounded_on_both_sides() {
+    for (key, min, max) in KNOB_RANGES {
+        let table = if [
+            "call_timeout_s",
+            "max_concurrent_calls",
+            "max_queued_calls",
+            "max_argument_bytes",
+            "probe_interval_s",
+            "probe_timeout_s",
+            "drain_timeout_s",
+            "max_message_bytes",
+            "max_timeouts_in_a_row",
+        ]
+        .contains(&key)
+        {
+            "limits"
+        } else {
+            "restart"
+        };
+        // backoff_max_ms may not be below backoff_initial_ms: keep them apart.
+        let extra = if key == "backoff_initial_ms" {
+            "backoff_max_ms = 3600000\n"
+        } else {
+            ""
+        };
+        let text =
+            |v: u64| format!("id = \"a\"\ncommand = \"sh\"\n[{table}]\n{extra}{key} = {v}\n");
+        let line = if extra.is_empty() { 4 } else { 5 };
+        parse(&text(max)).unwrap_or_else(|e| panic!("{key} = {max}: {e}"));
+        if key != "backoff_max_ms" {
+            parse(&text(min)).unwrap_or_else(|e| panic!("{key} = {min}: {e}"));
+        }
+        let e = parse(&text(max + 1)).unwrap_err();
+        assert_eq!(e.line, Some(line), "{key}: {e}");
+        assert_eq!(
+            e.message,
+            format!("{key} = {} must be between {min} and {max}", max + 1),
+            "{key}"
+        );
+        // The largest TOML integer: refused at its line (by range, or by
+        // type for the narrower knobs), never accepted.
+        let e = parse(&text(i64::MAX as u64)).unwrap_err();
+        assert_eq!(e.line, Some(line), "{key}: {e}");
+        if min > 0 {
+            let e = parse(&text(min - 1)).unwrap_err();
+            assert!(e.message.contains(key), "{key}: {e}");
+        }
+    }
+}
+
+#[test]
+fn non_regular_and_huge_manifests_are_reported_not_read() {
+    let dir = std::env::temp_dir().join(format!("toolboxd-manifest-kinds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("dir.toml")).unwrap();
+    nix::unistd::mkfifo(&dir.join("fifo.toml"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.toml")).unwrap();
+    std::fs::write(
+        dir.join("huge.toml"),
+        vec![b'#'; MAX_MANIFEST_BYTES as usize + 1],
+    )
+    .unwrap();
+    std::fs::write(dir.join("good.toml"), "id = \"good\"\ncommand = \"sh\"\n").unwrap();
+    let set = load_dirs(std::slice::from_ref(&dir));
+    assert_eq!(set.manifests.len(), 1);
+    let reported: Vec<String> = set.errors.iter().map(|e| e.to_string()).collect();
+    for (file, what) in [
+        ("dir.toml", "is a directory"),
+        ("fifo.toml", "is a FIFO"),
+        ("zero.toml", "is a device"),
+        ("huge.toml", "is larger than 1048576 bytes"),
+    ] {
+        assert!(
+            reported
+                .iter()
+                .any(|r| r.contains(file) && r.contains(what)),
+            "{file}: {reported:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn boundaries_of_ids_timeouts_sizes_and_executables() {
+    assert_eq!(
+        parse("id = \"a_b-9\"\ncommand = \"sh\"\n").unwrap().id,
+        "a_b-9"
+    );
+    let m = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\ncall_timeout_s = 10\n[limits.tool_timeouts]\nt = 10\n")
+        .unwrap();
+    assert_eq!(m.limits.tool_timeouts["t"], 10);
+    let dir = std::env::temp_dir().join(format!("toolboxd-manifest-edges-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("adir")).unwrap();
+    // Exactly the largest size is read.
+    let head = "id = \"big\"\ncommand = \"sh\"\n";
+    let text = format!(
+        "{head}{}",
+        "#".repeat(MAX_MANIFEST_BYTES as usize - head.len())
+    );
+    std::fs::write(dir.join("big.toml"), text).unwrap();
+    assert_eq!(Manifest::load(&dir.join("big.toml")).unwrap().id, "big");
+    // A command that is a directory, or not executable, is named.
+    std::fs::write(dir.join("script.sh"), "#!/bin/sh\n").unwrap();
+    for command in ["./adir", "./script.sh"] {
+        let text = format!("id = \"x\"\ncommand = \"{command}\"\n");
+        std::fs::write(dir.join("x.toml"), text).unwrap();
+        let e = Manifest::load(&dir.join("x.toml")).unwrap_err();
+        assert_eq!(e.line, Some(2), "{command}: {e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn tool_timeouts_may_only_shorten_the_deadline() {
+    let ok = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\ncall_timeout_s = 10\n[limits.tool_timeouts]\nslow = 5\n")
+        .unwrap();
+    assert_eq!(ok.limits.tool_timeouts["slow"], 5);
+    let e = parse("id = \"a\"\ncommand = \"sh\"\n[limits]\ncall_timeout_s = 10\n[limits.tool_timeouts]\nslow = 50\n")
+        .unwrap_err();
+    assert!(e.message.contains("not lengthen"), "{e}");
+}
+
+#[test]
+fn protocol_pin_is_checked() {
+    assert_eq!(
+        parse("id = \"a\"\ncommand = \"sh\"\nprotocol = \"2025-06-18\"\n")
+            .unwrap()
+            .protocol
+            .as_deref(),
+        Some("2025-06-18")
+    );
+    assert!(parse("id = \"a\"\ncommand = \"sh\"\nprotocol = \"1999\"\n").is_err());
+}
+
+#[test]
+fn knobs_are_checked() {
+    let e =
+        parse("id = \"a\"\ncommand = \"sh\"\n[limits]\nmax_concurrent_calls = 0\n").unwrap_err();
+    assert_eq!(e.line, Some(4));
+    let e = parse("id = \"a\"\ncommand = \"sh\"\n[restart]\npolicy = \"sometimes\"\n").unwrap_err();
+    assert!(e.message.contains("sometimes"), "{e}");
+}
+
+#[test]
+fn duplicate_ids_across_files_name_both() {
+    let dir = std::env::temp_dir().join(format!("toolboxd-dup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.toml"), "id = \"x\"\ncommand = \"sh\"\n").unwrap();
+    std::fs::write(dir.join("b.toml"), "id = \"x\"\ncommand = \"sh\"\n").unwrap();
+    let set = load_dirs(std::slice::from_ref(&dir));
+    assert_eq!(set.manifests.len(), 1);
+    assert_eq!(set.errors.len(), 1);
+    let msg = set.errors[0].to_string();
+    assert!(msg.contains("b.toml:1") && msg.contains("a.toml"), "{msg}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

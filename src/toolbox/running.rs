@@ -1,0 +1,99 @@
+//! A toolbox's child while it serves ([`Running`]), how it is let go
+//! ([`drain_and_stop`]), and how one that went down is described to the
+//! restart policy ([`Down`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use super::Serving;
+use crate::child::{Child, ChildEvent, ExitInfo};
+use crate::launch::LaunchError;
+use crate::manifest::Manifest;
+
+/// How long a child gets to exit after its stdin closes, and again after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// The child serving calls.
+pub(super) struct Running {
+    /// The process.
+    pub(super) child: Child,
+    /// What the child tells its owner (tool list changes).
+    pub(super) events: mpsc::UnboundedReceiver<ChildEvent>,
+    /// What callers use to reach it.
+    pub(super) serving: Arc<Serving>,
+    /// When it started serving; a long run resets the backoff.
+    pub(super) started: Instant,
+    /// Liveness probe ticks (`probe_interval_s`).
+    pub(super) probe: tokio::time::Interval,
+    /// Probes missed in a row.
+    pub(super) missed: u32,
+    /// Why we killed the child, once we did: said with its exit.
+    pub(super) killed_for: Option<String>,
+    /// When to list its tools again, if it said they changed too soon
+    /// after the last listing.
+    pub(super) refresh_due: Option<tokio::time::Instant>,
+}
+
+/// A child that went down, as the restart policy and the failure report need it.
+pub(super) struct Down {
+    /// How it ended (`Code(-1)` when it never ran).
+    pub(super) exit: ExitInfo,
+    /// How long it had served; a long run resets the backoff.
+    pub(super) uptime: Duration,
+    /// What happened, in words, for status and errors.
+    pub(super) text: String,
+    /// Its last stderr lines.
+    pub(super) stderr: Vec<String>,
+    /// It could not even be spawned, for want of descriptors, processes or
+    /// memory: tried again without charging the restart budget.
+    pub(super) short_of_resources: bool,
+}
+
+impl Down {
+    /// A child that could not finish its start: make sure it is gone, say why.
+    pub(super) async fn of_failed_start(failed: LaunchError) -> Down {
+        let (exit, stderr) = failed.reap().await;
+        let text = match failed.child {
+            Some(_) => format!("failed to start ({}; child {exit})", failed.why),
+            None => format!("failed to start: {}", failed.why),
+        };
+        Down {
+            exit,
+            uptime: Duration::ZERO,
+            text,
+            stderr,
+            short_of_resources: failed.short_of_resources,
+        }
+    }
+}
+
+/// Lets a child that no longer receives new calls finish the ones it has
+/// (within `drain_timeout_s`), then stops it. Returns how it exited.
+pub(super) async fn drain_and_stop(running: Running, manifest: &Manifest) -> ExitInfo {
+    let serving = &running.serving;
+    // Callers still queued for a slot look for the serving child again.
+    serving.permits.close();
+    let drain = Duration::from_secs(manifest.limits.drain_timeout_s);
+    let deadline = tokio::time::Instant::now() + drain;
+    loop {
+        // Registered before the check, so a slot given back in between wakes us.
+        let settled = serving.settled.notified();
+        if serving.permits.available_permits() >= serving.max_calls {
+            break;
+        }
+        tokio::select! {
+            _ = settled => {}
+            _ = running.child.exited() => break,
+            _ = tokio::time::sleep_until(deadline) => break,
+        }
+    }
+    let exit = running.child.stop(STOP_GRACE).await;
+    tracing::info!(
+        toolbox = %manifest.id,
+        pid = running.child.pid(),
+        "child stopped ({exit})"
+    );
+    exit
+}
