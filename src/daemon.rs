@@ -123,6 +123,9 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
     let control_listener = control::bind(&control).await?;
     // Before anything starts: an early SIGHUP must not end the daemon.
     let hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+    // No toolbox (nor any process of the same user) may read its memory or
+    // environment through /proc.
+    crate::sandbox::make_daemon_undumpable();
     // Headroom, so that bus connections never leave it unable to spawn a child.
     match crate::child::raise_descriptor_limit() {
         Ok(limit) => tracing::debug!(limit, "descriptor limit"),

@@ -26,6 +26,8 @@
 //! - [`child`]: one child process; stdio framing and request multiplexing.
 //! - [`keeper`]: the one helper process that makes everything a toolbox
 //!   started die with the daemon, even a SIGKILLed one.
+//! - [`sandbox`]: confinement of a toolbox's child (the standard profile),
+//!   prepared before fork, applied between fork and exec.
 //! - [`cgroup`]: a cgroup per toolbox child where the kernel allows, so a
 //!   toolbox's whole tree (`setsid` included) ends with it.
 //! - [`mcp`]: JSON-RPC and MCP model types (pure).
@@ -56,6 +58,7 @@ pub mod notify;
 pub mod operator;
 pub mod peers;
 pub mod registry;
+pub mod sandbox;
 pub mod scaffold;
 pub mod service;
 pub mod session;

@@ -75,18 +75,31 @@ pub enum ChildEvent {
 
 /// Spawning a child failed.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot start {program}: {source}; check the manifest's command and that it is executable")]
-pub struct SpawnError {
-    program: String,
-    source: std::io::Error,
+pub enum SpawnError {
+    /// The process could not be started.
+    #[error(
+        "cannot start {program}: {source}; check the manifest's command and that it is executable"
+    )]
+    Exec {
+        program: String,
+        source: std::io::Error,
+    },
+    /// Its sandbox could not be set up as declared (so it was not started).
+    #[error("{0}")]
+    Sandbox(#[from] crate::sandbox::SandboxError),
 }
 
 impl SpawnError {
     /// Whether the system was short of descriptors, processes or memory: a
     /// passing shortage, not the toolbox's fault, so worth another try.
     pub fn is_resource_shortage(&self) -> bool {
+        let source = match self {
+            SpawnError::Exec { source, .. } => source,
+            SpawnError::Sandbox(crate::sandbox::SandboxError::Dir { source, .. }) => source,
+            SpawnError::Sandbox(_) => return false,
+        };
         matches!(
-            self.source.raw_os_error(),
+            source.raw_os_error(),
             Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM)
         )
     }
@@ -130,7 +143,11 @@ pub fn raise_descriptor_limit() -> std::io::Result<libc::rlim_t> {
 /// with a parent-death signal, entering the cgroup whose `cgroup.procs` is
 /// `enter` (if any) before it runs. A `std` command, not tokio's: tokio
 /// would reap the process on its own, and only [`group`] may.
-fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
+fn command(
+    manifest: &Manifest,
+    enter: Option<std::ffi::CString>,
+    sandbox: Option<Arc<crate::sandbox::Plan>>,
+) -> Command {
     use std::os::unix::process::CommandExt;
     let parent = std::process::id();
     let nofile = INHERITED_NOFILE.get().copied();
@@ -141,10 +158,15 @@ fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    if manifest.env_clear {
-        cmd.env_clear();
+    match &sandbox {
+        Some(plan) => plan.configure(&mut cmd),
+        None => {
+            if manifest.env_clear {
+                cmd.env_clear();
+            }
+            cmd.envs(&manifest.env);
+        }
     }
-    cmd.envs(&manifest.env);
     // SAFETY: the closure runs between fork and exec and calls only
     // async-signal-safe functions (prctl, getppid, _exit, setrlimit, open,
     // write, close).
@@ -170,6 +192,10 @@ fn command(manifest: &Manifest, enter: Option<std::ffi::CString>) -> Command {
             }
             if let Some(enter) = &enter {
                 crate::cgroup::enter(enter)?;
+            }
+            // Last: it may drop to another user, and forbids new privileges.
+            if let Some(plan) = &sandbox {
+                plan.apply_in_child()?;
             }
             Ok(())
         });
@@ -209,17 +235,27 @@ impl Child {
                 })
                 .ok()
         });
+        let sandbox = crate::sandbox::plan(manifest)?.map(Arc::new);
+        if sandbox.is_none() {
+            tracing::warn!(
+                toolbox = %manifest.id,
+                "sandbox profile \"off\": the child runs with the daemon's rights, environment \
+                 and network"
+            );
+        }
         let enter = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
-        let spawn_error = |source| SpawnError {
+        let spawn_error = |source| SpawnError::Exec {
             program: manifest.program.display().to_string(),
             source,
         };
-        let mut process = match command(manifest, enter).spawn() {
+        let mut process = match command(manifest, enter, sandbox.clone()).spawn() {
             Ok(process) => process,
             // The move into the cgroup may be what failed (a parent cgroup
             // that refuses it): try once without, and say so if that works.
             Err(first) if cgroup.is_some() => {
-                let process = command(manifest, None).spawn().map_err(spawn_error)?;
+                let process = command(manifest, None, sandbox)
+                    .spawn()
+                    .map_err(spawn_error)?;
                 tracing::warn!(
                     toolbox = %manifest.id,
                     "started the child without its cgroup ({first}): what it starts may \

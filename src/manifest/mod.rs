@@ -57,6 +57,8 @@ pub struct Manifest {
     pub protocol: Option<String>,
     /// What to do when another host answers for this id.
     pub on_conflict: OnConflict,
+    /// How the child is confined.
+    pub sandbox: Sandbox,
     /// When and how fast a dead child is replaced.
     pub restart: Restart,
     /// Per-call and per-child bounds.
@@ -177,6 +179,8 @@ struct RawManifest {
     protocol: String,
     #[serde(default)]
     on_conflict: OnConflict,
+    #[serde(default)]
+    sandbox: RawSandbox,
     #[serde(default)]
     restart: Restart,
     #[serde(default)]
@@ -348,6 +352,11 @@ impl Manifest {
             ));
         }
 
+        let sandbox = raw
+            .sandbox
+            .validate(&dir)
+            .map_err(|(key, message)| err(key_line(key), format!("[sandbox] {message}")))?;
+
         Ok(Manifest {
             path: path.to_owned(),
             id: raw.id,
@@ -360,6 +369,7 @@ impl Manifest {
             instances: raw.instances,
             protocol,
             on_conflict: raw.on_conflict,
+            sandbox,
             restart: raw.restart,
             limits: raw.limits,
         })
@@ -565,6 +575,10 @@ pub fn load_dirs(dirs: &[PathBuf]) -> ManifestSet {
     }
     set
 }
+
+mod sandbox;
+use sandbox::RawSandbox;
+pub use sandbox::{Network, Profile, Sandbox, DEFAULT_ENV_PASS, NEVER_PASSED, SANDBOX_RANGES};
 
 #[cfg(test)]
 mod tests;

@@ -1,0 +1,310 @@
+//! Confinement of a toolbox's child (docs/security.md): what the standard
+//! profile applies. Everything that reads files, allocates or may fail for a
+//! reason worth saying happens in the daemon before fork ([`plan`]); the
+//! child, between fork and exec, only makes system calls
+//! ([`Plan::apply_in_child`]).
+//!
+//! The standard profile gives a child: an environment built from an
+//! allow-list (`env_pass`), the manifest's `env` and its `secrets`, never the
+//! daemon's; a state directory and a private tmp of its own; `umask 077`; no
+//! core dumps; its own descriptor limit; no descriptor beyond 0, 1 and 2; no
+//! new privileges; another user when the manifest names one.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use nix::sys::resource::Resource;
+
+use crate::manifest::{Manifest, Profile, Sandbox};
+
+/// The variable that tells a child where its state directory is.
+pub const STATE_DIR_VAR: &str = "TOOLBOXD_STATE_DIR";
+/// Largest secret read from a file.
+const MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+/// Why a child's sandbox cannot be set up as declared: its start fails with
+/// this (never a weaker sandbox).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("[sandbox] no state directory for toolboxes: {0}; set STATE_DIRECTORY (systemd's StateDirectory=) or XDG_STATE_HOME")]
+    NoStateRoot(String),
+    #[error("[sandbox] cannot prepare the toolbox's directory {path}: {source}")]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("[sandbox] secrets: cannot read {name} from {path}: {why}")]
+    Secret {
+        name: String,
+        path: PathBuf,
+        why: String,
+    },
+    #[error("[sandbox] secrets: {name} names the credential {credential:?} but CREDENTIALS_DIRECTORY is not set; give an absolute path, or run under systemd with LoadCredential=")]
+    NoCredentials { name: String, credential: String },
+    #[error("[sandbox] {key} {name:?} cannot be found: {why}")]
+    Identity {
+        key: &'static str,
+        name: String,
+        why: String,
+    },
+}
+
+/// Where the daemon keeps its toolboxes' state: `$STATE_DIRECTORY` (set by
+/// systemd's `StateDirectory=`), else `/var/lib/toolboxd` for root, else
+/// `$XDG_STATE_HOME/toolboxd` or `~/.local/state/toolboxd`.
+pub fn state_root() -> Result<PathBuf, SandboxError> {
+    if let Some(dirs) = std::env::var_os("STATE_DIRECTORY") {
+        // systemd gives a colon-separated list when several are configured.
+        if let Some(first) = dirs.to_string_lossy().split(':').next() {
+            if !first.is_empty() {
+                return Ok(PathBuf::from(first));
+            }
+        }
+    }
+    if nix::unistd::geteuid().is_root() {
+        return Ok(PathBuf::from("/var/lib/toolboxd"));
+    }
+    if let Some(state) = std::env::var_os("XDG_STATE_HOME").filter(|s| !s.is_empty()) {
+        return Ok(PathBuf::from(state).join("toolboxd"));
+    }
+    match std::env::var_os("HOME").filter(|s| !s.is_empty()) {
+        Some(home) => Ok(PathBuf::from(home).join(".local/state/toolboxd")),
+        None => Err(SandboxError::NoStateRoot(
+            "neither STATE_DIRECTORY, XDG_STATE_HOME nor HOME is set".to_owned(),
+        )),
+    }
+}
+
+/// A child's sandbox, prepared before fork.
+#[derive(Debug)]
+pub struct Plan {
+    /// The child's whole environment.
+    env: Vec<(OsString, OsString)>,
+    /// The user and group to become, supplementary groups dropped.
+    ids: Option<(libc::uid_t, libc::gid_t)>,
+    /// Its `RLIMIT_NOFILE`.
+    nofile: libc::rlim_t,
+    /// Its state directory (kept across starts), for status and tests.
+    pub state_dir: PathBuf,
+    /// Its private tmp (emptied at every start).
+    pub tmp_dir: PathBuf,
+}
+
+/// Prepares the sandbox `manifest` declares, for one spawn: reads the
+/// secrets, makes the state directory and a fresh private tmp. `None` for
+/// `profile = "off"`.
+pub fn plan(manifest: &Manifest) -> Result<Option<Plan>, SandboxError> {
+    let sandbox = &manifest.sandbox;
+    if sandbox.profile == Profile::Off {
+        return Ok(None);
+    }
+    let ids = identity(sandbox)?;
+    let root = state_root()?.join(&manifest.id);
+    let state_dir = root.join("state");
+    let tmp_dir = root.join("tmp");
+    make_dir(&state_dir, ids, false)?;
+    make_dir(&tmp_dir, ids, true)?;
+    let env = environment(manifest, &state_dir, &tmp_dir)?;
+    Ok(Some(Plan {
+        env,
+        ids,
+        nofile: sandbox.nofile as libc::rlim_t,
+        state_dir,
+        tmp_dir,
+    }))
+}
+
+/// The uid and gid the child runs as, when the manifest names a user or group.
+fn identity(sandbox: &Sandbox) -> Result<Option<(libc::uid_t, libc::gid_t)>, SandboxError> {
+    let user = match &sandbox.user {
+        Some(name) => Some(
+            nix::unistd::User::from_name(name)
+                .map_err(|e| e.to_string())
+                .and_then(|u| u.ok_or_else(|| "no such user".to_owned()))
+                .map_err(|why| SandboxError::Identity {
+                    key: "user",
+                    name: name.clone(),
+                    why,
+                })?,
+        ),
+        None => None,
+    };
+    let group = match &sandbox.group {
+        Some(name) => Some(
+            nix::unistd::Group::from_name(name)
+                .map_err(|e| e.to_string())
+                .and_then(|g| g.ok_or_else(|| "no such group".to_owned()))
+                .map_err(|why| SandboxError::Identity {
+                    key: "group",
+                    name: name.clone(),
+                    why,
+                })?
+                .gid,
+        ),
+        None => None,
+    };
+    Ok(match (user, group) {
+        (None, None) => None,
+        (Some(user), group) => Some((user.uid.as_raw(), group.unwrap_or(user.gid).as_raw())),
+        (None, Some(group)) => Some((nix::unistd::geteuid().as_raw(), group.as_raw())),
+    })
+}
+
+/// Makes `dir` (mode 0700, owned by the child's user); `fresh` empties it first.
+fn make_dir(
+    dir: &Path,
+    ids: Option<(libc::uid_t, libc::gid_t)>,
+    fresh: bool,
+) -> Result<(), SandboxError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let fail = |source| SandboxError::Dir {
+        path: dir.to_owned(),
+        source,
+    };
+    if fresh {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(fail)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(fail)?;
+    if let Some((uid, gid)) = ids {
+        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(fail)?;
+    }
+    Ok(())
+}
+
+/// The child's environment: the `env_pass` variables the daemon has (never
+/// those of its service manager), then `HOME`, `TMPDIR` and
+/// [`STATE_DIR_VAR`], then the manifest's `env`, then the secrets. With
+/// `env_clear`, no daemon variable at all.
+fn environment(
+    manifest: &Manifest,
+    state_dir: &Path,
+    tmp_dir: &Path,
+) -> Result<Vec<(OsString, OsString)>, SandboxError> {
+    let sandbox = &manifest.sandbox;
+    let mut env: std::collections::BTreeMap<OsString, OsString> = Default::default();
+    if !manifest.env_clear {
+        for name in &sandbox.env_pass {
+            if let Some(value) = std::env::var_os(name) {
+                env.insert(name.into(), value);
+            }
+        }
+    }
+    env.insert("HOME".into(), state_dir.into());
+    env.insert("TMPDIR".into(), tmp_dir.into());
+    env.insert(STATE_DIR_VAR.into(), state_dir.into());
+    for (name, value) in &manifest.env {
+        env.insert(name.into(), value.into());
+    }
+    for (name, source) in &sandbox.secrets {
+        env.insert(name.into(), secret(name, source)?.into());
+    }
+    Ok(env.into_iter().collect())
+}
+
+/// Reads secret `name` from `source`: an absolute path, or the name of a
+/// credential in `$CREDENTIALS_DIRECTORY`. One trailing newline is dropped.
+fn secret(name: &str, source: &str) -> Result<String, SandboxError> {
+    let path = if source.contains('/') {
+        PathBuf::from(source)
+    } else {
+        match std::env::var_os("CREDENTIALS_DIRECTORY") {
+            Some(dir) => PathBuf::from(dir).join(source),
+            None => {
+                return Err(SandboxError::NoCredentials {
+                    name: name.to_owned(),
+                    credential: source.to_owned(),
+                })
+            }
+        }
+    };
+    let fail = |why: String| SandboxError::Secret {
+        name: name.to_owned(),
+        path: path.clone(),
+        why,
+    };
+    let mut text = crate::files::read_small_regular(&path, MAX_SECRET_BYTES)
+        .map_err(|e| fail(format!("{e:?}")))?;
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    Ok(text)
+}
+
+impl Plan {
+    /// Sets the child's environment on `cmd` (and nothing of the daemon's).
+    pub fn configure(&self, cmd: &mut std::process::Command) {
+        cmd.env_clear();
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+    }
+
+    /// Applies the rest in the child, between fork and exec: only system
+    /// calls, no allocation (see the module doc).
+    pub fn apply_in_child(&self) -> std::io::Result<()> {
+        // SAFETY: each call below is a plain system call on values prepared
+        // before fork; none allocates or takes a lock.
+        unsafe {
+            libc::umask(0o077);
+            set_limit(Resource::RLIMIT_CORE, 0)?;
+            // Never above the hard limit it was given: raising one needs a
+            // capability the daemon may lack.
+            let (_, hard) = nix::sys::resource::getrlimit(Resource::RLIMIT_NOFILE)?;
+            set_limit(Resource::RLIMIT_NOFILE, self.nofile.min(hard))?;
+            // Only 0, 1 and 2 survive exec: every other descriptor is marked
+            // close-on-exec (closing them now would also close the pipe
+            // through which a failed exec is reported).
+            let marked = libc::syscall(
+                libc::SYS_close_range,
+                3u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
+            if marked != 0 {
+                for fd in 3..self.nofile.min(65_536) as libc::c_int {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags >= 0 {
+                        libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                    }
+                }
+            }
+            if let Some((uid, gid)) = self.ids {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setgid(gid) != 0
+                    || libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Sets both limits of `resource` to `value` (a plain system call: safe
+/// between fork and exec).
+fn set_limit(resource: Resource, value: libc::rlim_t) -> std::io::Result<()> {
+    nix::sys::resource::setrlimit(resource, value, value).map_err(std::io::Error::from)
+}
+
+/// Makes the daemon's `/proc` entries (environment, memory, descriptors)
+/// unreadable to processes of the same user that lack `CAP_SYS_PTRACE`.
+pub fn make_daemon_undumpable() {
+    // SAFETY: a plain prctl on the calling process.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        tracing::warn!(
+            "cannot make the daemon non-dumpable: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}

@@ -1,0 +1,225 @@
+//! Confinement (docs/security.md): a toolbox attacks what the standard
+//! profile keeps from it, on real children. Each test names the guarantee.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use common::{math_manifest, repo, Bus, Daemon, TempDir, BIN};
+use serde_json::{json, Value};
+
+/// The faulty fixture (its `inspect` tool reports the child's view) as
+/// toolbox `id`, with `extra` TOML appended.
+fn inspector(id: &str, extra: &str) -> String {
+    format!(
+        "id = \"{id}\"\ncommand = \"python3\"\nargs = [\"{}\"]\n{extra}\n",
+        repo("tests/fixtures/faulty_toolbox.py")
+    )
+}
+
+async fn inspect(bus: &mut Bus, id: &str, args: Value) -> Value {
+    let answer = bus.call(id, "inspect", args).await;
+    answer["result"].clone()
+}
+
+/// A line of `/proc/<pid>/status`, e.g. "NoNewPrivs".
+fn status_field(pid: u64, field: &str) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("{field}:"))
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+#[tokio::test]
+async fn a_child_sees_only_its_allow_list_env_and_secrets() {
+    // A toolbox walked the daemon's whole environment (a secret token
+    // included); now it sees env_pass + env + secrets, never the daemon's
+    // service-manager variables.
+    let dir = TempDir::new("sandbox-env");
+    let secret_file = dir.write("key.txt", "s3cret\n");
+    let credentials = TempDir::new("credentials");
+    credentials.write("api_token", "from-credentials");
+    dir.write(
+        "box.toml",
+        &inspector(
+            "box",
+            &format!(
+                "env = {{ MINE = \"1\" }}\n[sandbox]\nenv_pass = [\"PATH\", \"LANG\", \"PASSED\"]\n\
+                 secrets = {{ API_KEY = \"{}\", TOKEN = \"api_token\" }}\n",
+                secret_file.display()
+            ),
+        ),
+    );
+    let daemon = Daemon::start_env(
+        &["--manifests", dir.path().to_str().unwrap()],
+        &[
+            ("DAEMON_SECRET", "do-not-leak"),
+            ("PASSED", "yes"),
+            ("NOTIFY_SOCKET", "/nonexistent/notify"),
+            (
+                "CREDENTIALS_DIRECTORY",
+                credentials.path().to_str().unwrap(),
+            ),
+        ],
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    let seen = inspect(&mut bus, "box", json!({})).await;
+    let env = seen["env"].as_object().unwrap();
+    let names: BTreeSet<&str> = env.keys().map(String::as_str).collect();
+    assert!(!names.contains("DAEMON_SECRET"), "{names:?}");
+    assert!(!names.contains("NOTIFY_SOCKET"), "{names:?}");
+    assert!(!names.contains("CREDENTIALS_DIRECTORY"), "{names:?}");
+    assert!(!names.contains("RUST_LOG"), "{names:?}");
+    assert_eq!(env["PASSED"], "yes");
+    assert_eq!(env["MINE"], "1");
+    assert_eq!(env["API_KEY"], "s3cret");
+    assert_eq!(env["TOKEN"], "from-credentials");
+    // Its own state directory and private tmp, writable, both 0700.
+    let state = env["TOOLBOXD_STATE_DIR"].as_str().unwrap();
+    assert_eq!(env["HOME"], state);
+    let tmp = env["TMPDIR"].as_str().unwrap();
+    for path in [state, tmp] {
+        let wrote = inspect(&mut bus, "box", json!({"write": format!("{path}/probe")})).await;
+        assert_eq!(wrote["write"], "ok", "{path}: {wrote}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_child_has_no_new_privileges_only_fds_0_to_2_no_core_and_umask_077() {
+    let dir = TempDir::new("sandbox-proc");
+    dir.write("box.toml", &inspector("box", ""));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let seen = inspect(&mut bus, "box", json!({})).await;
+    let pid = seen["pid"].as_u64().unwrap();
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+    assert_eq!(seen["umask"], 0o077);
+    let fds: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        fds,
+        ["0", "1", "2"].map(String::from).into(),
+        "its descriptors"
+    );
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let core = limits
+        .lines()
+        .find(|l| l.starts_with("Max core file size"))
+        .unwrap();
+    assert_eq!(core.split_whitespace().nth(4), Some("0"), "{core}");
+    let nofile = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let soft: u64 = nofile.split_whitespace().nth(3).unwrap().parse().unwrap();
+    assert!(soft <= 1024, "{nofile}");
+    // The daemon is not dumpable: its /proc entries are not for its children.
+    assert_eq!(status_field(daemon.pid() as u64, "NoNewPrivs"), "0");
+    let dumpable = std::fs::metadata(format!("/proc/{}/environ", daemon.pid())).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        dumpable.uid(),
+        0,
+        "a non-dumpable process's /proc files belong to root"
+    );
+}
+
+#[tokio::test]
+async fn profile_off_restores_the_old_behaviour_with_a_warning() {
+    let dir = TempDir::new("sandbox-off");
+    dir.write(
+        "box.toml",
+        &inspector("box", "[sandbox]\nprofile = \"off\"\n"),
+    );
+    let daemon = Daemon::start_env(
+        &["--manifests", dir.path().to_str().unwrap()],
+        &[("DAEMON_SECRET", "visible-when-off")],
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    let seen = inspect(&mut bus, "box", json!({})).await;
+    assert_eq!(seen["env"]["DAEMON_SECRET"], "visible-when-off");
+    let pid = seen["pid"].as_u64().unwrap();
+    assert_eq!(status_field(pid, "NoNewPrivs"), "0");
+    assert!(!daemon.log_lines_with("sandbox profile \"off\"").is_empty());
+}
+
+#[test]
+fn a_bad_user_or_sandbox_knob_fails_check_naming_the_key() {
+    let dir = TempDir::new("sandbox-check");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "ghost.toml",
+        &format!(
+            "{}[sandbox]\nuser = \"no-such-user-here\"\n",
+            math_manifest("ghost")
+        ),
+    );
+    dir.write(
+        "leaky.toml",
+        &format!(
+            "{}[sandbox]\nenv_pass = [\"NOTIFY_SOCKET\"]\n",
+            math_manifest("leaky")
+        ),
+    );
+    dir.write(
+        "huge.toml",
+        &format!("{}[sandbox]\ntasks_max = 1000000\n", math_manifest("huge")),
+    );
+    let out = common::output_within(
+        Command::new(BIN).args(["check", "--manifests", dir.path().to_str().unwrap()]),
+        common::ANSWER_DEADLINE,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("ghost.toml:5: [sandbox] user \"no-such-user-here\" does not exist"),
+        "{text}"
+    );
+    assert!(
+        text.contains("leaky.toml:5: [sandbox] NOTIFY_SOCKET is never passed to a toolbox"),
+        "{text}"
+    );
+    assert!(
+        text.contains("huge.toml:5: [sandbox] tasks_max = 1000000 must be between 0 and 100000"),
+        "{text}"
+    );
+    assert!(text.contains("ok    math"), "{text}");
+}
+
+#[tokio::test]
+async fn a_secret_that_cannot_be_read_fails_the_start_with_the_reason() {
+    // Fail closed: never a child without what it was promised.
+    let dir = TempDir::new("sandbox-secret");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "box.toml",
+        &inspector(
+            "box",
+            "[restart]\npolicy = \"never\"\n[sandbox]\nsecrets = { KEY = \"/nonexistent/key\" }\n",
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let row = daemon.wait_for_state("box", "failed", Duration::from_secs(10));
+    let reason = row["reason"].as_str().unwrap();
+    assert!(
+        reason
+            .contains("failed to start: [sandbox] secrets: cannot read KEY from /nonexistent/key"),
+        "{row}"
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+}
