@@ -71,6 +71,11 @@ impl Cgroups {
             let _ = std::fs::remove_dir(&root);
             return Err("the kernel has no cgroup.kill (Linux 5.14+)".to_owned());
         }
+        // The limits of `[sandbox]`, where these controllers are delegated
+        // to us; otherwise v1 controllers or nothing (see sandbox::limits).
+        for controller in ["+pids", "+memory"] {
+            let _ = std::fs::write(root.join("cgroup.subtree_control"), controller);
+        }
         Ok(Cgroups {
             root,
             relative,
@@ -140,6 +145,11 @@ pub fn enter(procs: &CString) -> std::io::Result<()> {
 }
 
 impl Cgroup {
+    /// Its directory (where its controllers' files are, if any).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// What a child needs to enter this cgroup between fork and exec ([`enter`]).
     pub fn entry(&self) -> CString {
         self.procs.clone()

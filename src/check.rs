@@ -33,6 +33,10 @@ pub async fn check(dirs: &[PathBuf], probe: bool, out: &mut impl Write) -> bool 
             }
         }
     }
+    if probe {
+        // The probed children are gone: so are their limit cgroups.
+        crate::sandbox::limits::remove_daemon_groups();
+    }
     if set.manifests.is_empty() && set.errors.is_empty() {
         let _ = writeln!(
             out,

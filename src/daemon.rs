@@ -439,6 +439,8 @@ async fn shut_down(stopping: Stopping) {
     if let Some(supervisor) = stopping.supervisor {
         supervisor.shutdown().await;
     }
+    // Every toolbox is stopped: the limit cgroups of the toolboxes can go.
+    let _ = tokio::task::spawn_blocking(crate::sandbox::limits::remove_daemon_groups).await;
     stopping.finish.trigger();
     futures_util::future::join_all(stopping.closing).await;
     tracing::info!("stopped");

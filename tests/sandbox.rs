@@ -223,3 +223,30 @@ async fn a_secret_that_cannot_be_read_fails_the_start_with_the_reason() {
         2
     );
 }
+
+#[tokio::test]
+async fn tasks_max_caps_a_fork_storm_and_the_daemon_keeps_serving() {
+    let dir = TempDir::new("sandbox-fork");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write("box.toml", &inspector("box", "[sandbox]\ntasks_max = 16\n"));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let storm = bus.call("box", "fork_storm", json!({"count": 100})).await;
+    let forked = storm["result"]["forked"].as_u64().unwrap_or(u64::MAX);
+    assert!(forked < 16, "{storm}");
+    assert!(storm["result"]["refused"].as_u64().unwrap() > 84, "{storm}");
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+    // The toolbox itself lives on and says how its limit holds.
+    assert_eq!(bus.call("box", "ok", json!({})).await["result"]["ok"], true);
+    let ready = daemon.log_lines_with("toolbox ready");
+    assert!(
+        ready.iter().any(|l| l["sandbox"]
+            .as_str()
+            .unwrap_or("")
+            .contains("tasks_max = 16: cgroup")),
+        "{ready:?}"
+    );
+}

@@ -217,6 +217,8 @@ pub struct Child {
     stderr_tail: StderrTail,
     /// Its cgroup, where cgroups are used: killed and removed with the child.
     cgroup: Option<crate::cgroup::Cgroup>,
+    /// Its sandbox, kept as long as the child: its limit cgroups go with it.
+    sandbox: Option<Arc<crate::sandbox::Plan>>,
 }
 
 impl Child {
@@ -235,7 +237,8 @@ impl Child {
                 })
                 .ok()
         });
-        let sandbox = crate::sandbox::plan(manifest)?.map(Arc::new);
+        let v2_cgroup = cgroup.as_ref().map(crate::cgroup::Cgroup::dir);
+        let sandbox = crate::sandbox::plan(manifest, v2_cgroup)?.map(Arc::new);
         if sandbox.is_none() {
             tracing::warn!(
                 toolbox = %manifest.id,
@@ -253,7 +256,7 @@ impl Child {
             // The move into the cgroup may be what failed (a parent cgroup
             // that refuses it): try once without, and say so if that works.
             Err(first) if cgroup.is_some() => {
-                let process = command(manifest, None, sandbox)
+                let process = command(manifest, None, sandbox.clone())
                     .spawn()
                     .map_err(spawn_error)?;
                 tracing::warn!(
@@ -340,9 +343,21 @@ impl Child {
                 exit: exit_rx,
                 stderr_tail,
                 cgroup,
+                sandbox,
             },
             events_rx,
         ))
+    }
+
+    /// What confines it, in words: `off`, or how each limit holds.
+    pub fn sandbox_summary(&self) -> String {
+        match &self.sandbox {
+            None => "off".to_owned(),
+            Some(plan) => std::iter::once("standard".to_owned())
+                .chain(plan.limits.how.iter().cloned())
+                .collect::<Vec<_>>()
+                .join("; "),
+        }
     }
 
     /// The process id.

@@ -10,6 +10,8 @@
 //! core dumps; its own descriptor limit; no descriptor beyond 0, 1 and 2; no
 //! new privileges; another user when the manifest names one.
 
+pub mod limits;
+
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -41,6 +43,8 @@ pub enum SandboxError {
     },
     #[error("[sandbox] secrets: {name} names the credential {credential:?} but CREDENTIALS_DIRECTORY is not set; give an absolute path, or run under systemd with LoadCredential=")]
     NoCredentials { name: String, credential: String },
+    #[error("[sandbox] {key} is declared but cannot be enforced here: {why}; remove it, or give the daemon a cgroup controller (systemd: Delegate=yes)")]
+    Limit { key: &'static str, why: String },
     #[error("[sandbox] {key} {name:?} cannot be found: {why}")]
     Identity {
         key: &'static str,
@@ -88,12 +92,15 @@ pub struct Plan {
     pub state_dir: PathBuf,
     /// Its private tmp (emptied at every start).
     pub tmp_dir: PathBuf,
+    /// Its memory and task limits: the cgroups it enters, and how each holds.
+    pub limits: limits::Limited,
 }
 
 /// Prepares the sandbox `manifest` declares, for one spawn: reads the
-/// secrets, makes the state directory and a fresh private tmp. `None` for
+/// secrets, makes the state directory and a fresh private tmp, sets the
+/// limits (in the child's cgroup `v2_cgroup`, if it has one). `None` for
 /// `profile = "off"`.
-pub fn plan(manifest: &Manifest) -> Result<Option<Plan>, SandboxError> {
+pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan>, SandboxError> {
     let sandbox = &manifest.sandbox;
     if sandbox.profile == Profile::Off {
         return Ok(None);
@@ -105,12 +112,14 @@ pub fn plan(manifest: &Manifest) -> Result<Option<Plan>, SandboxError> {
     make_dir(&state_dir, ids, false)?;
     make_dir(&tmp_dir, ids, true)?;
     let env = environment(manifest, &state_dir, &tmp_dir)?;
+    let limits = limits::set_up(&manifest.id, v2_cgroup, sandbox)?;
     Ok(Some(Plan {
         env,
         ids,
         nofile: sandbox.nofile as libc::rlim_t,
         state_dir,
         tmp_dir,
+        limits,
     }))
 }
 
@@ -249,6 +258,10 @@ impl Plan {
     /// Applies the rest in the child, between fork and exec: only system
     /// calls, no allocation (see the module doc).
     pub fn apply_in_child(&self) -> std::io::Result<()> {
+        // First, while still the daemon's user: the limits' cgroups.
+        for entry in &self.limits.entries {
+            crate::cgroup::enter(entry)?;
+        }
         // SAFETY: each call below is a plain system call on values prepared
         // before fork; none allocates or takes a lock.
         unsafe {

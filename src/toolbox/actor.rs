@@ -444,6 +444,7 @@ impl Actor {
             pid,
             era = %serving.session.era(),
             tools = launched.tools.len(),
+            sandbox = %launched.child.sandbox_summary(),
             "toolbox ready"
         );
         self.stats.set_era(serving.session.era().to_string());
