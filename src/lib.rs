@@ -28,6 +28,7 @@
 //!   started die with the daemon, even a SIGKILLed one.
 //! - [`cgroup`]: a cgroup per toolbox child where the kernel allows, so a
 //!   toolbox's whole tree (`setsid` included) ends with it.
+//! - [`sandbox`]: confinement of a toolbox child ([`sandbox::landlock`]).
 //! - [`mcp`]: JSON-RPC and MCP model types (pure).
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
 //! - [`control`]: the control socket (one door to the operator channel) and
@@ -56,6 +57,7 @@ pub mod notify;
 pub mod operator;
 pub mod peers;
 pub mod registry;
+pub mod sandbox;
 pub mod scaffold;
 pub mod service;
 pub mod session;

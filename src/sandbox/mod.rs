@@ -1,0 +1,3 @@
+//! Confinement of toolbox children.
+
+pub mod landlock;
