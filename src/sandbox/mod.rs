@@ -10,6 +10,7 @@
 //! core dumps; its own descriptor limit; no descriptor beyond 0, 1 and 2; no
 //! new privileges; another user when the manifest names one.
 
+pub mod landlock;
 pub mod limits;
 
 use std::ffi::OsString;
