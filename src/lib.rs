@@ -56,6 +56,7 @@ pub mod notify;
 pub mod operator;
 pub mod peers;
 pub mod registry;
+pub mod sandbox;
 pub mod scaffold;
 pub mod service;
 pub mod session;

@@ -1,0 +1,3 @@
+//! Confinement of toolbox children (the "standard" sandbox profile).
+
+pub mod seccomp;
