@@ -12,6 +12,7 @@
 
 pub mod landlock;
 pub mod limits;
+pub mod seccomp;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,470 @@
+//! The seccomp filter of the "standard" sandbox profile: calls a toolbox has
+//! no business making are refused with an error, everything else is allowed.
+//!
+//! The filter is compiled in the daemon ([`prepare`], which allocates) and
+//! installed in the child between fork and exec ([`Prepared::apply_in_child`],
+//! which does not). It is inherited by everything the child starts and cannot
+//! be removed. A refused call fails with `EPERM` (never a kill), so a tool
+//! sees an ordinary error it can report. `PR_SET_NO_NEW_PRIVS` comes with it:
+//! set-user-id programs (`sudo`, `su`, `ping` on some systems) do not gain
+//! privileges in a sandboxed toolbox.
+//!
+//! | refused | why |
+//! | --- | --- |
+//! | `ptrace` | reads and writes other processes' memory and registers |
+//! | `process_vm_readv`, `process_vm_writev` | the same without attaching |
+//! | `pidfd_getfd` | takes a copy of another process's file descriptor |
+//! | `mount`, `umount2`, `pivot_root`, `chroot` | change the filesystem view the sandbox relies on |
+//! | `fsopen`, `fsconfig`, `fsmount`, `fspick`, `move_mount`, `open_tree`, `mount_setattr` | the same, through the new mount API |
+//! | `open_by_handle_at` | opens a file by handle, past the path's permissions (a known container escape) |
+//! | `swapon`, `swapoff` | the host's swap |
+//! | `reboot` | the host's power |
+//! | `kexec_load`, `kexec_file_load` | replaces the running kernel |
+//! | `init_module`, `finit_module`, `delete_module` | loads or unloads kernel code |
+//! | `bpf` | loads programs into the kernel |
+//! | `perf_event_open` | kernel attack surface and a side channel on other processes |
+//! | `userfaultfd` | the usual tool for winning kernel races in exploits |
+//! | `io_uring_setup`, `io_uring_enter`, `io_uring_register` | runs operations (`socket` among them) this filter never sees; kernel attack surface |
+//! | `keyctl`, `add_key`, `request_key` | the kernel keyrings, shared beyond the toolbox |
+//! | `acct` | the host's process accounting |
+//! | `settimeofday`, `clock_settime` | the host's clock |
+//! | `iopl`, `ioperm` (x86_64) | raw hardware I/O ports |
+//! | `setns`, `unshare` | enter or make namespaces (a user namespace gives every capability in it) |
+//! | `clone` with a `CLONE_NEW*` flag | makes namespaces, like `unshare` |
+//! | `clone3` (`ENOSYS`) | its flags are in memory a filter cannot read; `ENOSYS` makes libc fall back to `clone` |
+//! | `personality` other than `PER_LINUX` or a query | `ADDR_NO_RANDOMIZE` turns address randomization off for what it runs |
+//! | `ioctl` `TIOCSTI`, `TIOCLINUX` | type into, or paste on, a terminal the toolbox shares |
+//! | x32 ABI calls (x86_64, `EPERM`) | the same calls under other numbers, past every rule above |
+//! | `socket` but `AF_UNIX`, with `network_none` | no network: `AF_INET`, `AF_INET6`, `AF_PACKET`, `AF_NETLINK` and the rest |
+//!
+//! Decisions:
+//!
+//! - `unshare` is refused whatever its flags: its harmless uses (`CLONE_FS`,
+//!   `CLONE_FILES`) are rare in tools, and one rule is easier to trust.
+//! - `clone3` answers `ENOSYS`, as on a kernel without it: glibc (2.34 and
+//!   later) then uses `clone` for threads and `posix_spawn`, Rust's std falls
+//!   back to `fork`, Go and musl use `clone` already. `clone` itself is
+//!   allowed unless its flags (the low 32 bits of its first argument, all
+//!   the kernel reads) ask for a namespace; `CLONE_NEWTIME` cannot be asked
+//!   through `clone`.
+//! - With `network_none`, `AF_NETLINK` is refused too: it is no network
+//!   traffic, but it is a wide kernel interface and what reads addresses and
+//!   routes. glibc's `getaddrinfo` copes (without netlink it assumes IPv4 and
+//!   IPv6 are both configured); `getifaddrs`, `if_nameindex` and Python's
+//!   `socket.if_nameindex()` fail with `EPERM`. `socketpair` is left alone:
+//!   the kernel makes pairs of `AF_UNIX` sockets only.
+//! - Time: setting the clock (`settimeofday`, `clock_settime`) is refused;
+//!   `adjtimex` and `clock_adjtime` are allowed, since their read-only form
+//!   (glibc's `ntp_gettime`, `timedatectl`'s synchronized check) cannot be
+//!   told from the setting one by a filter, and setting needs
+//!   `CAP_SYS_TIME`, which a toolbox should not have.
+//! - `personality` is allowed for `PER_LINUX` (0) and the query
+//!   (`0xffffffff`) only.
+//! - `socketcall` (one entry point for all socket calls) does not exist on
+//!   x86_64 or aarch64; the 32-bit ABIs that have it are not allowed at all
+//!   (below).
+//!
+//! Every program checks the architecture the call was made for and kills
+//! the process when it is not the daemon's own (seccompiler's check): a
+//! 32-bit binary (i386 on x86_64, armhf on aarch64) run as a sandboxed
+//! toolbox dies of `SIGSYS` at its first call. A daemon built for another
+//! architecture (armv7 among them) has no filter to offer: [`prepare`]
+//! answers [`Unsupported::Arch`] and the caller fails the child's start.
+
+use std::sync::OnceLock;
+
+use seccompiler::{BpfProgram, TargetArch};
+
+#[cfg(test)]
+mod tests;
+
+/// Where the kernel lists the actions its seccomp filters can take. It
+/// exists when the kernel has filter mode (`CONFIG_SECCOMP_FILTER`, Linux
+/// 4.14 and later), so reading it is a probe without side effects.
+const ACTIONS_AVAIL: &str = "/proc/sys/kernel/seccomp/actions_avail";
+
+/// The actions [`Prepared`] programs return: allow, errno, and the
+/// architecture check's kill.
+const ACTIONS_NEEDED: [&str; 3] = ["allow", "errno", "kill_process"];
+
+/// Whether seccomp filters can be applied here, and for which architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Support {
+    /// [`prepare`] builds filters for `arch` (as Rust names it).
+    Available {
+        /// The architecture the filter is built for: the daemon's own.
+        arch: &'static str,
+    },
+    /// No filter can be had, and why.
+    Unsupported(Unsupported),
+}
+
+impl Support {
+    /// The architecture filters are built for, or why there are none.
+    pub fn arch(self) -> Result<&'static str, Unsupported> {
+        match self {
+            Support::Available { arch } => Ok(arch),
+            Support::Unsupported(why) => Err(why),
+        }
+    }
+}
+
+/// Why seccomp filters cannot be applied here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Unsupported {
+    /// The daemon was built for an architecture it has no filter for.
+    #[error("no seccomp filter for the {0} architecture (only x86_64 and aarch64)")]
+    Arch(&'static str),
+    /// The kernel has no seccomp filter mode (or hides it); the OS error of
+    /// reading its list of actions.
+    #[error(
+        "the kernel has no seccomp filter mode ({ACTIONS_AVAIL}: {})",
+        std::io::Error::from_raw_os_error(*.0)
+    )]
+    Kernel(i32),
+    /// The kernel's filters cannot take an action the filter needs.
+    #[error("the kernel's seccomp filters lack the {0} action (Linux 4.14 or later is needed)")]
+    Action(&'static str),
+}
+
+/// Why no filter could be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// Not on this architecture or kernel: the child must not start.
+    #[error("seccomp unsupported: {0}")]
+    Unsupported(#[from] Unsupported),
+    /// seccompiler refused the rules (a bug in the table below).
+    #[error("building the seccomp filter: {0}")]
+    Build(#[from] seccompiler::BackendError),
+}
+
+/// Whether seccomp filters can be applied here and for which architecture,
+/// or why not. Probed once (one read of a /proc file), then cached.
+pub fn support() -> Support {
+    static SUPPORT: OnceLock<Support> = OnceLock::new();
+    *SUPPORT.get_or_init(probe)
+}
+
+/// [`support`], uncached.
+fn probe() -> Support {
+    if target_arch().is_none() {
+        return Support::Unsupported(Unsupported::Arch(std::env::consts::ARCH));
+    }
+    let listed = match std::fs::read_to_string(ACTIONS_AVAIL) {
+        Ok(listed) => listed,
+        Err(e) => {
+            let errno = e.raw_os_error().unwrap_or(libc::ENOENT);
+            return Support::Unsupported(Unsupported::Kernel(errno));
+        }
+    };
+    let listed: Vec<&str> = listed.split_whitespace().collect();
+    for action in ACTIONS_NEEDED {
+        if !listed.contains(&action) {
+            return Support::Unsupported(Unsupported::Action(action));
+        }
+    }
+    Support::Available {
+        arch: std::env::consts::ARCH,
+    }
+}
+
+/// seccompiler's name for the architecture the daemon was built for (the
+/// one its children run on), if it has a filter for it.
+fn target_arch() -> Option<TargetArch> {
+    #[cfg(target_arch = "x86_64")]
+    return Some(TargetArch::x86_64);
+    #[cfg(target_arch = "aarch64")]
+    return Some(TargetArch::aarch64);
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    return None;
+}
+
+/// A compiled filter, built in the daemon before fork (allocation happens
+/// here), installed in a child by [`Prepared::apply_in_child`].
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The BPF programs, installed one after the other. A seccompiler
+    /// filter has one answer for all the calls it matches, so the `EPERM`
+    /// refusals and `clone3`'s `ENOSYS` are separate programs, and the x32
+    /// guard (a test on the call number, which seccompiler cannot express)
+    /// a third on x86_64. The kernel runs them all and takes the strictest
+    /// answer, so their order does not matter.
+    programs: Vec<BpfProgram>,
+    /// What is refused, one entry per refused syscall (and one for the x32
+    /// guard), for `check --sandbox` reports.
+    refused: Vec<&'static str>,
+}
+
+impl Prepared {
+    /// In the child between fork and exec (`CommandExt::pre_exec`), last
+    /// of what runs there: sets `PR_SET_NO_NEW_PRIVS`, then installs each
+    /// program with `seccomp(SECCOMP_SET_MODE_FILTER)`. Async-signal-safe:
+    /// no allocation, no lock. On an error the child must not exec (a
+    /// `pre_exec` error fails the spawn), since it may hold only some of
+    /// the programs.
+    pub fn apply_in_child(&self) -> std::io::Result<()> {
+        for program in &self.programs {
+            // seccompiler::apply_filter (0.5) is prctl(PR_SET_NO_NEW_PRIVS)
+            // and the seccomp syscall with a `sock_fprog` on its stack
+            // pointing at `program`; its errors carry
+            // `io::Error::last_os_error()`, an OS code with no allocation.
+            if let Err(e) = seccompiler::apply_filter(program) {
+                return Err(match e {
+                    seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => e,
+                    // EmptyFilter (no program is empty) or ThreadSync (not
+                    // asked for): an OS code, since a boxed error allocates.
+                    _ => std::io::Error::from_raw_os_error(libc::EINVAL),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The syscalls refused (with the arguments that are, where not all
+    /// calls are), for `check --sandbox` reports.
+    pub fn refused(&self) -> &[&'static str] {
+        &self.refused
+    }
+}
+
+/// Compiles the filter for this architecture: the table in the module doc,
+/// with `socket` for every family but `AF_UNIX` refused if `network_none`.
+/// Fails with [`SeccompError::Unsupported`] where [`support`] says so: the
+/// caller fails the child's start rather than run it unconfined.
+pub fn prepare(network_none: bool) -> Result<Prepared, SeccompError> {
+    support().arch()?;
+    build::prepared(network_none)
+}
+
+/// Where there is no filter for the architecture, there is nothing to build
+/// ([`support`] has said so already).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+mod build {
+    use super::{Prepared, SeccompError, Unsupported};
+
+    /// Always [`Unsupported::Arch`].
+    pub(super) fn prepared(_network_none: bool) -> Result<Prepared, SeccompError> {
+        Err(Unsupported::Arch(std::env::consts::ARCH).into())
+    }
+}
+
+/// The table of the module doc and its compilation, for the architectures
+/// that have one (syscall numbers differ between them: libc's `SYS_*` are
+/// this architecture's).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod build {
+    use std::collections::BTreeMap;
+
+    use seccompiler::{
+        SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
+    };
+
+    use super::{target_arch, Prepared, SeccompError, Unsupported};
+
+    /// Compiles [`refusals`] into one program per errno (plus the x32 guard
+    /// on x86_64).
+    pub(super) fn prepared(network_none: bool) -> Result<Prepared, SeccompError> {
+        let arch = target_arch().ok_or(Unsupported::Arch(std::env::consts::ARCH))?;
+        let mut refused = Vec::new();
+        let mut by_errno: BTreeMap<i32, BTreeMap<i64, Vec<SeccompRule>>> = BTreeMap::new();
+        for refusal in refusals(network_none)? {
+            refused.push(refusal.shown);
+            let before = by_errno
+                .entry(refusal.errno)
+                .or_default()
+                .insert(refusal.nr, refusal.rules);
+            debug_assert!(before.is_none(), "one refusal per syscall");
+        }
+        let mut programs = Vec::new();
+        for (errno, rules) in by_errno {
+            let filter = SeccompFilter::new(
+                rules,
+                SeccompAction::Allow,
+                SeccompAction::Errno(errno as u32),
+                arch,
+            )?;
+            programs.push(filter.try_into()?);
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            refused.push("x32 ABI calls");
+            programs.push(x32_guard());
+        }
+        Ok(Prepared { programs, refused })
+    }
+
+    /// One refused syscall.
+    pub(super) struct Refusal {
+        /// The name reports show, with the arguments refused where not all are.
+        pub(super) shown: &'static str,
+        /// The syscall's number on this architecture.
+        pub(super) nr: i64,
+        /// The calls refused: any rule matching (a rule matches when all its
+        /// conditions hold); every call if empty.
+        pub(super) rules: Vec<SeccompRule>,
+        /// The error the call fails with.
+        pub(super) errno: i32,
+    }
+
+    /// The namespace flags of `clone` (`CLONE_NEWTIME` is not among them:
+    /// its bit is part of `clone`'s exit signal).
+    const CLONE_NAMESPACES: [libc::c_int; 7] = [
+        libc::CLONE_NEWNS,
+        libc::CLONE_NEWCGROUP,
+        libc::CLONE_NEWUTS,
+        libc::CLONE_NEWIPC,
+        libc::CLONE_NEWUSER,
+        libc::CLONE_NEWPID,
+        libc::CLONE_NEWNET,
+    ];
+
+    /// `personality(PER_LINUX)`: the plain Linux personality.
+    const PER_LINUX: u64 = 0;
+
+    /// `personality`'s query: the argument that changes nothing.
+    const PERSONALITY_QUERY: u64 = 0xffff_ffff;
+
+    /// A condition on the low 32 bits of argument `index` (every argument
+    /// filtered here is a C `int` or `unsigned int` to the kernel, which
+    /// ignores the high bits).
+    fn arg(index: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompCondition, SeccompError> {
+        Ok(SeccompCondition::new(
+            index,
+            SeccompCmpArgLen::Dword,
+            op,
+            value,
+        )?)
+    }
+
+    /// The table of the module doc, for this architecture.
+    pub(super) fn refusals(network_none: bool) -> Result<Vec<Refusal>, SeccompError> {
+        let all = |shown: &'static str, nr: libc::c_long| Refusal {
+            shown,
+            nr,
+            rules: Vec::new(),
+            errno: libc::EPERM,
+        };
+        let mut table = vec![
+            all("ptrace", libc::SYS_ptrace),
+            all("process_vm_readv", libc::SYS_process_vm_readv),
+            all("process_vm_writev", libc::SYS_process_vm_writev),
+            all("pidfd_getfd", libc::SYS_pidfd_getfd),
+            all("mount", libc::SYS_mount),
+            all("umount2", libc::SYS_umount2),
+            all("pivot_root", libc::SYS_pivot_root),
+            all("chroot", libc::SYS_chroot),
+            all("fsopen", libc::SYS_fsopen),
+            all("fsconfig", libc::SYS_fsconfig),
+            all("fsmount", libc::SYS_fsmount),
+            all("fspick", libc::SYS_fspick),
+            all("move_mount", libc::SYS_move_mount),
+            all("open_tree", libc::SYS_open_tree),
+            all("mount_setattr", libc::SYS_mount_setattr),
+            all("open_by_handle_at", libc::SYS_open_by_handle_at),
+            all("swapon", libc::SYS_swapon),
+            all("swapoff", libc::SYS_swapoff),
+            all("reboot", libc::SYS_reboot),
+            all("kexec_load", libc::SYS_kexec_load),
+            all("kexec_file_load", libc::SYS_kexec_file_load),
+            all("init_module", libc::SYS_init_module),
+            all("finit_module", libc::SYS_finit_module),
+            all("delete_module", libc::SYS_delete_module),
+            all("bpf", libc::SYS_bpf),
+            all("perf_event_open", libc::SYS_perf_event_open),
+            all("userfaultfd", libc::SYS_userfaultfd),
+            all("io_uring_setup", libc::SYS_io_uring_setup),
+            all("io_uring_enter", libc::SYS_io_uring_enter),
+            all("io_uring_register", libc::SYS_io_uring_register),
+            all("keyctl", libc::SYS_keyctl),
+            all("add_key", libc::SYS_add_key),
+            all("request_key", libc::SYS_request_key),
+            all("acct", libc::SYS_acct),
+            all("settimeofday", libc::SYS_settimeofday),
+            all("clock_settime", libc::SYS_clock_settime),
+            all("setns", libc::SYS_setns),
+            all("unshare", libc::SYS_unshare),
+        ];
+        #[cfg(target_arch = "x86_64")]
+        table.extend([all("iopl", libc::SYS_iopl), all("ioperm", libc::SYS_ioperm)]);
+
+        let mut clone_namespaces = Vec::new();
+        for flag in CLONE_NAMESPACES {
+            let flag = u64::from(flag as u32);
+            clone_namespaces.push(SeccompRule::new(vec![arg(
+                0,
+                SeccompCmpOp::MaskedEq(flag),
+                flag,
+            )?])?);
+        }
+        table.push(Refusal {
+            rules: clone_namespaces,
+            ..all("clone(CLONE_NEW*)", libc::SYS_clone)
+        });
+        table.push(Refusal {
+            errno: libc::ENOSYS,
+            ..all(
+                "clone3 (ENOSYS: libc falls back to clone)",
+                libc::SYS_clone3,
+            )
+        });
+        table.push(Refusal {
+            rules: vec![SeccompRule::new(vec![
+                arg(0, SeccompCmpOp::Ne, PER_LINUX)?,
+                arg(0, SeccompCmpOp::Ne, PERSONALITY_QUERY)?,
+            ])?],
+            ..all(
+                "personality(but PER_LINUX or a query)",
+                libc::SYS_personality,
+            )
+        });
+        let mut ioctls = Vec::new();
+        for request in [libc::TIOCSTI, libc::TIOCLINUX] {
+            ioctls.push(SeccompRule::new(vec![arg(
+                1,
+                SeccompCmpOp::Eq,
+                u64::from(request as u32),
+            )?])?);
+        }
+        table.push(Refusal {
+            rules: ioctls,
+            ..all("ioctl(TIOCSTI, TIOCLINUX)", libc::SYS_ioctl)
+        });
+        if network_none {
+            table.push(Refusal {
+                rules: vec![SeccompRule::new(vec![arg(
+                    0,
+                    SeccompCmpOp::Ne,
+                    libc::AF_UNIX as u64,
+                )?])?],
+                ..all("socket(but AF_UNIX)", libc::SYS_socket)
+            });
+        }
+        Ok(table)
+    }
+
+    /// x86_64's x32 ABI numbers its calls with bit 30 set, under the same
+    /// architecture as x86_64: the rules above, matching exact numbers,
+    /// would not see them. This program refuses every call numbered that
+    /// high (on a kernel without x32 they fail with `ENOSYS` anyway).
+    #[cfg(target_arch = "x86_64")]
+    fn x32_guard() -> seccompiler::BpfProgram {
+        use seccompiler::sock_filter;
+        /// `BPF_LD | BPF_W | BPF_ABS` (linux/bpf_common.h).
+        const LOAD_WORD: u16 = 0x20;
+        /// `BPF_JMP | BPF_JGE | BPF_K`.
+        const JUMP_IF_AT_LEAST: u16 = 0x35;
+        /// `BPF_RET | BPF_K`.
+        const RETURN: u16 = 0x06;
+        /// `offsetof(struct seccomp_data, nr)`.
+        const NR: u32 = 0;
+        /// `__X32_SYSCALL_BIT`.
+        const X32: u32 = 0x4000_0000;
+        let op = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+        vec![
+            op(LOAD_WORD, 0, 0, NR),
+            op(JUMP_IF_AT_LEAST, 0, 1, X32),
+            op(RETURN, 0, 0, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32),
+            op(RETURN, 0, 0, libc::SECCOMP_RET_ALLOW),
+        ]
+    }
+}

@@ -1,0 +1,250 @@
+//! Real processes under the filter: what is refused fails with the errno the
+//! module promises, what a tool needs still works.
+
+use std::collections::HashMap;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use super::*;
+
+/// Runs `program args` with stdin from /dev/null, under `filter` if given;
+/// returns its stdout, failing the test if it did not exit 0.
+fn run(filter: Option<&Prepared>, program: &str, args: &[&str]) -> String {
+    let mut cmd = Command::new(program);
+    cmd.args(args).stdin(Stdio::null()).stderr(Stdio::piped());
+    if let Some(filter) = filter.cloned() {
+        // SAFETY: the closure runs between fork and exec and only calls
+        // apply_in_child, which makes prctl and seccomp syscalls and does
+        // not allocate.
+        unsafe {
+            cmd.pre_exec(move || filter.apply_in_child());
+        }
+    }
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 stdout")
+}
+
+/// A Python script running the named checks (argv after the first two,
+/// which are SYS_clone and SYS_clone3) and printing `name=ok` or
+/// `name=ERRNO` for each.
+const PROBE: &str = r#"
+import ctypes, errno, os, socket, subprocess, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+L = ctypes.c_long
+SYS_CLONE, SYS_CLONE3 = int(sys.argv[1]), int(sys.argv[2])
+
+def c(r):
+    return "ok" if r != -1 else errno.errorcode[ctypes.get_errno()]
+
+def py(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e.errno))
+
+def unshare_user():
+    if hasattr(os, "unshare"):
+        return py(lambda: os.unshare(os.CLONE_NEWUSER))
+    return c(libc.unshare(0x10000000))
+
+def clone_user():
+    r = libc.syscall(L(SYS_CLONE), L(0x10000000 | 17), L(0), L(0), L(0), L(0))
+    if r == 0:
+        os._exit(0)
+    if r > 0:
+        os.waitpid(r, 0)
+        return "ok"
+    return c(r)
+
+def traceme():
+    # In a child of its own: a traced process stops at its next signal.
+    pid = os.fork()
+    if pid == 0:
+        r = libc.ptrace(0, 0, None, None)
+        os._exit(0 if r == 0 else ctypes.get_errno())
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return "ok" if code == 0 else errno.errorcode.get(code, str(code))
+
+def tiocsti():
+    import fcntl, termios
+    fcntl.ioctl(0, termios.TIOCSTI, b"x")
+
+def unix_pair():
+    a, b = socket.socketpair(socket.AF_UNIX)
+    a.sendall(b"x")
+    assert b.recv(1) == b"x"
+
+def thread():
+    ran = []
+    t = threading.Thread(target=lambda: ran.append(1))
+    t.start()
+    t.join()
+    assert ran == [1]
+
+checks = {
+    "ptrace": traceme,
+    "unshare": unshare_user,
+    "mount": lambda: c(libc.mount(b"none", b"/nonexistent-toolboxd-test", b"tmpfs", 0, None)),
+    "clone_user": clone_user,
+    "clone3": lambda: c(libc.syscall(L(SYS_CLONE3), None, L(0))),
+    "personality": lambda: c(libc.personality(0x0040000)),
+    "personality_query": lambda: c(libc.personality(0xffffffff)),
+    "tiocsti": lambda: py(tiocsti),
+    "x32_getpid": lambda: c(libc.syscall(L(0x40000000 | 39))),
+    "inet": lambda: py(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close()),
+    "inet6": lambda: py(lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM).close()),
+    "netlink": lambda: py(lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0).close()),
+    "unix_pair": lambda: py(unix_pair),
+    "subprocess": lambda: py(lambda: subprocess.run(["true"], check=True)),
+    "thread": lambda: py(thread),
+}
+for name in sys.argv[3:]:
+    print(f"{name}={checks[name]()}", flush=True)
+"#;
+
+/// Runs the PROBE checks, under `filter` if given: check name to result.
+fn run_checks(filter: Option<&Prepared>, checks: &[&str]) -> HashMap<String, String> {
+    let clone = libc::SYS_clone.to_string();
+    let clone3 = libc::SYS_clone3.to_string();
+    let mut args = vec!["-c", PROBE, &clone, &clone3];
+    args.extend_from_slice(checks);
+    run(filter, "python3", &args)
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(name, result)| (name.to_string(), result.to_string()))
+        .collect()
+}
+
+/// Asserts each named check gave `expected`.
+fn expect(results: &HashMap<String, String>, checks: &[&str], expected: &str) {
+    for check in checks {
+        assert_eq!(
+            results.get(*check).map(String::as_str),
+            Some(expected),
+            "{check} in {results:?}"
+        );
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn this_machine_has_filters() {
+    assert_eq!(
+        support(),
+        Support::Available {
+            arch: std::env::consts::ARCH
+        }
+    );
+    assert_eq!(support(), probe(), "the cached answer is the probe's");
+}
+
+#[test]
+fn the_child_runs_in_filter_mode_without_new_privileges() {
+    let filter = prepare(false).expect("prepare");
+    let status = run(Some(&filter), "/bin/sh", &["-c", "cat /proc/self/status"]);
+    assert!(status.contains("Seccomp:\t2\n"), "{status}");
+    assert!(status.contains("NoNewPrivs:\t1\n"), "{status}");
+    assert_eq!(run(Some(&filter), "/bin/sh", &["-c", "echo ok"]), "ok\n");
+}
+
+#[test]
+fn refused_calls_fail_with_eperm_and_clone3_with_enosys() {
+    let filter = prepare(false).expect("prepare");
+    // unshare last: in the control run below it succeeds, and in a new
+    // user namespace without mappings the calls after it would fail anyway.
+    let mut refused = vec!["ptrace", "mount", "clone_user", "personality", "tiocsti"];
+    if cfg!(target_arch = "x86_64") {
+        refused.push("x32_getpid");
+    }
+    refused.push("unshare");
+    let mut checks = vec!["clone3", "personality_query"];
+    checks.extend(&refused);
+    let results = run_checks(Some(&filter), &checks);
+    expect(&results, &refused, "EPERM");
+    expect(&results, &["clone3"], "ENOSYS");
+    expect(&results, &["personality_query"], "ok");
+
+    // Unconfined, the same calls do something else: the errors above are
+    // the filter's.
+    let control = run_checks(None, &checks);
+    expect(&control, &["tiocsti"], "ENOTTY");
+    expect(&control, &["clone3"], "EINVAL");
+    expect(
+        &control,
+        &["personality", "personality_query", "ptrace"],
+        "ok",
+    );
+    if is_root() {
+        expect(&control, &["unshare", "clone_user"], "ok");
+        expect(&control, &["mount"], "ENOENT");
+    }
+}
+
+#[test]
+fn network_none_leaves_only_unix_sockets() {
+    let filter = prepare(true).expect("prepare");
+    let results = run_checks(
+        Some(&filter),
+        &["inet", "inet6", "netlink", "unix_pair", "subprocess"],
+    );
+    expect(&results, &["inet", "inet6", "netlink"], "EPERM");
+    expect(&results, &["unix_pair", "subprocess"], "ok");
+}
+
+#[test]
+fn without_network_none_sockets_are_allowed() {
+    let filter = prepare(false).expect("prepare");
+    let results = run_checks(Some(&filter), &["inet", "inet6", "netlink", "unix_pair"]);
+    expect(&results, &["inet", "netlink", "unix_pair"], "ok");
+    // IPv6 may be disabled on the machine, but not by the filter.
+    assert_ne!(results.get("inet6").map(String::as_str), Some("EPERM"));
+}
+
+#[test]
+fn processes_and_threads_still_start() {
+    for network_none in [false, true] {
+        let filter = prepare(network_none).expect("prepare");
+        let results = run_checks(Some(&filter), &["subprocess", "thread"]);
+        expect(&results, &["subprocess", "thread"], "ok");
+        let shell = run(
+            Some(&filter),
+            "/bin/sh",
+            &["-c", "(echo one); echo $(echo two) & wait"],
+        );
+        assert_eq!(shell, "one\ntwo\n");
+    }
+}
+
+#[test]
+fn the_report_lists_what_is_refused() {
+    let open = prepare(false).expect("prepare");
+    let closed = prepare(true).expect("prepare");
+    for name in [
+        "ptrace",
+        "unshare",
+        "clone(CLONE_NEW*)",
+        "ioctl(TIOCSTI, TIOCLINUX)",
+    ] {
+        assert!(open.refused().contains(&name), "{name}");
+    }
+    assert!(open.refused().iter().any(|name| name.starts_with("clone3")));
+    assert!(!open.refused().iter().any(|name| name.starts_with("socket")));
+    assert!(closed.refused().contains(&"socket(but AF_UNIX)"));
+    assert_eq!(closed.refused().len(), open.refused().len() + 1);
+    let mut names = closed.refused().to_vec();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), closed.refused().len(), "each listed once");
+}
