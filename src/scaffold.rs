@@ -84,6 +84,13 @@ fn write_toolbox(
             ),
         ),
     };
+    // New toolboxes start closed to the network; opening it is one line.
+    let manifest_text = format!(
+        "{manifest_text}\n[sandbox]\n\
+         # No socket of this toolbox reaches anything (the bus included).\n\
+         # To let it use the network, write: network = \"full\"\n\
+         network = \"none\"\n"
+    );
     let mut written = Vec::new();
     let write = |path: PathBuf, text: &str, written: &mut Vec<PathBuf>| {
         use std::io::Write;

@@ -335,7 +335,11 @@ async fn invalid_arguments_never_reach_the_child() {
         "fixture.toml",
         &fixture_manifest(
             "fixture",
-            &format!("env = {{ MCP_TOOLBOX_RECORD = \"{}\" }}", record.display()),
+            &format!(
+                "env = {{ MCP_TOOLBOX_RECORD = \"{}\" }}\n[sandbox]\nread_write = [\"{}\"]",
+                record.display(),
+                dir.path().display()
+            ),
         ),
     );
     let daemon = Daemon::start(dir.path());
@@ -612,7 +616,10 @@ async fn a_call_to_a_toolbox_still_starting_is_answered_within_one_call_timeout(
         "slow.toml",
         &format!(
             "id = \"slow\"\ncommand = \"sh\"\nargs = [\"-c\", \"sleep 1.5; exec python3 {}\"]\n\
-             [limits]\ncall_timeout_s = 2\n",
+             [limits]\ncall_timeout_s = 2\n\
+             [sandbox]\nprofile = \"off\"\n",
+            // Off: the interpreter is found by the shell, out of the
+            // sandbox's sight (this test is about deadlines).
             common::repo("tests/fixtures/fixture_toolbox.py")
         ),
     );

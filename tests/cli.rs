@@ -242,6 +242,12 @@ async fn new_writes_toolboxes_that_pass_probe_and_answer() {
         let (code, out, err) = toolboxd(&["new", name, "--lang", lang, "--dir", d]);
         assert_eq!(code, 0, "{out}{err}");
         assert!(out.contains(&format!("{name}.toml")), "{out}");
+        // Closed to the network, with a comment on how to open it.
+        let manifest = std::fs::read_to_string(dir.path().join(format!("{name}.toml"))).unwrap();
+        assert!(
+            manifest.contains("network = \"none\"") && manifest.contains("network = \"full\""),
+            "{manifest}"
+        );
     }
     let (code, out, _) = toolboxd(&["new", "pyhello", "--dir", d]);
     assert_eq!(code, 1, "refuses to overwrite: {out}");

@@ -28,11 +28,14 @@ impl Setup {
             &format!(
                 "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\", \"{mark}\"]\n\
                  env = {{ FAULT = \"{fault}\", FIXTURE_MARK = \"{mark}\", MCP_TOOLBOX_RECORD = \"{}\", \
-                 GRANDCHILD_PIDS = \"{}\", FIXTURE_EVENTS = \"{}\" }}\n{extra}\n",
+                 GRANDCHILD_PIDS = \"{}\", FIXTURE_EVENTS = \"{}\" }}\n{extra}\n\
+                 [sandbox]\nread_write = [\"{}\"]\n",
                 repo("tests/fixtures/faulty_toolbox.py"),
                 record.display(),
                 dir.path().join("grandchildren").display(),
                 dir.path().join("events").display(),
+                // The fixture writes what it saw there, for the tests to read.
+                dir.path().display(),
             ),
         );
         Setup { dir, mark }
@@ -429,7 +432,7 @@ async fn an_oversize_line_is_a_protocol_break() {
     let s = Setup::new(
         "oversize",
         "",
-        &format!("{FAST_RESTART}[limits]\nmax_message_bytes = 4096\n"),
+        &format!("{FAST_RESTART}[limits]\nmax_message_bytes = 16384\n"),
     );
     let daemon = Daemon::start(s.dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
@@ -439,7 +442,7 @@ async fn an_oversize_line_is_a_protocol_break() {
         e.starts_with("RuntimeError: toolbox 'faulty' failed while running 'oversize': "),
         "{e}"
     );
-    assert!(e.contains("longer than max_message_bytes (4096)"), "{e}");
+    assert!(e.contains("longer than max_message_bytes (16384)"), "{e}");
     assert!(took < Duration::from_secs(2), "{took:?}");
     let (data, _) = call(&mut bus, "faulty", "ok", json!({})).await;
     assert_eq!(data["result"], json!({"ok": true}));

@@ -187,9 +187,11 @@ async fn a_timed_out_call_keeps_its_slot_and_a_wedged_child_is_restarted() {
         &format!(
             "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\nenv = {{ MCP_TOOLBOX_RECORD = \"{}\" }}\n\
              [restart]\nbackoff_initial_ms = 50\n\
-             [limits]\ncall_timeout_s = 1\nmax_concurrent_calls = 2\nmax_timeouts_in_a_row = 3\n",
+             [limits]\ncall_timeout_s = 1\nmax_concurrent_calls = 2\nmax_timeouts_in_a_row = 3\n\
+             [sandbox]\nread_write = [\"{}\"]\n",
             repo("tests/fixtures/faulty_toolbox.py"),
-            record.display()
+            record.display(),
+            dir.path().display()
         ),
     );
     let daemon = Daemon::start(dir.path());
@@ -727,10 +729,14 @@ async fn a_child_that_always_says_its_tools_changed_is_listed_once_a_second() {
     let events = dir.path().join("events");
     dir.write(
         "noisy.toml",
-        &faulty_manifest(
-            "noisy",
-            "changes_while_listed",
-            &format!(", FIXTURE_EVENTS = \"{}\"", events.display()),
+        &format!(
+            "{}[sandbox]\nread_write = [\"{}\"]\n",
+            faulty_manifest(
+                "noisy",
+                "changes_while_listed",
+                &format!(", FIXTURE_EVENTS = \"{}\"", events.display()),
+            ),
+            dir.path().display()
         ),
     );
     let daemon = Daemon::start(dir.path());

@@ -641,8 +641,10 @@ fn ready_is_sent_only_once_a_slow_toolbox_has_finished_starting() {
         &fixture_manifest(
             "slow",
             &format!(
-                "env = {{ START_DELAY_S = \"2\", SERVING_NOTE = \"{}\" }}",
-                note.display()
+                "env = {{ START_DELAY_S = \"2\", SERVING_NOTE = \"{}\" }}\n\
+                 [sandbox]\nread_write = [\"{}\"]",
+                note.display(),
+                dir.path().display()
             ),
         ),
     );

@@ -57,7 +57,12 @@ async fn a_child_sees_only_its_allow_list_env_and_secrets() {
         ),
     );
     let daemon = Daemon::start_env(
-        &["--manifests", dir.path().to_str().unwrap()],
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ],
         &[
             ("DAEMON_SECRET", "do-not-leak"),
             ("PASSED", "yes"),
@@ -143,7 +148,12 @@ async fn profile_off_restores_the_old_behaviour_with_a_warning() {
         &inspector("box", "[sandbox]\nprofile = \"off\"\n"),
     );
     let daemon = Daemon::start_env(
-        &["--manifests", dir.path().to_str().unwrap()],
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ],
         &[("DAEMON_SECRET", "visible-when-off")],
     );
     let mut bus = Bus::connect(&daemon.url).await;
@@ -247,6 +257,70 @@ async fn tasks_max_caps_a_fork_storm_and_the_daemon_keeps_serving() {
             .as_str()
             .unwrap_or("")
             .contains("tasks_max = 16: cgroup")),
+        "{ready:?}"
+    );
+}
+
+#[tokio::test]
+async fn landlock_and_seccomp_hold_writes_proc_and_the_network() {
+    // The attack: walk to the daemon's /proc entry, write where it should
+    // not, reach the bus. Each step now fails; the neighbour stays ready.
+    let dir = TempDir::new("sandbox-attack");
+    dir.write("open.toml", &inspector("open", ""));
+    dir.write(
+        "closed.toml",
+        &inspector("closed", "[sandbox]\nnetwork = \"none\"\n"),
+    );
+    let daemon = Daemon::start_env(
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ],
+        &[("DAEMON_SECRET", "do-not-leak")],
+    );
+    let port: u16 = daemon
+        .url
+        .trim_start_matches("ws://127.0.0.1:")
+        .trim_end_matches("/core")
+        .parse()
+        .unwrap();
+    let mut bus = Bus::connect(&daemon.url).await;
+    let outside = dir.path().join("planted");
+    let seen = inspect(
+        &mut bus,
+        "open",
+        json!({
+            "write": outside.to_str().unwrap(),
+            "read": format!("/proc/{}/environ", daemon.pid()),
+            "connect": port,
+        }),
+    )
+    .await;
+    assert_ne!(seen["write"], "ok", "{seen}");
+    assert!(!outside.exists());
+    assert_ne!(seen["read"], "ok", "read the daemon's environment: {seen}");
+    assert_eq!(
+        seen["connect"], "ok",
+        "the default network reaches the bus: {seen}"
+    );
+    let pid = seen["pid"].as_u64().unwrap();
+    assert_eq!(status_field(pid, "Seccomp"), "2");
+    assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+
+    let seen = inspect(&mut bus, "closed", json!({"connect": port})).await;
+    assert_ne!(
+        seen["connect"], "ok",
+        "network = none reached the bus: {seen}"
+    );
+    assert_eq!(daemon.status("open")["state"], "ready");
+    let ready = daemon.log_lines_with("toolbox ready");
+    assert!(
+        ready.iter().all(|l| {
+            let s = l["sandbox"].as_str().unwrap_or("");
+            s.contains("Landlock ABI") && s.contains("seccomp")
+        }),
         "{ready:?}"
     );
 }

@@ -354,7 +354,7 @@ impl Child {
         match &self.sandbox {
             None => "off".to_owned(),
             Some(plan) => std::iter::once("standard".to_owned())
-                .chain(plan.limits.how.iter().cloned())
+                .chain(plan.summary())
                 .collect::<Vec<_>>()
                 .join("; "),
         }

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use nix::sys::resource::Resource;
 
-use crate::manifest::{Manifest, Profile, Sandbox};
+use crate::manifest::{Manifest, Network, Profile, Sandbox};
 
 /// The variable that tells a child where its state directory is.
 pub const STATE_DIR_VAR: &str = "TOOLBOXD_STATE_DIR";
@@ -47,6 +47,10 @@ pub enum SandboxError {
     NoCredentials { name: String, credential: String },
     #[error("[sandbox] {key} is declared but cannot be enforced here: {why}; remove it, or give the daemon a cgroup controller (systemd: Delegate=yes)")]
     Limit { key: &'static str, why: String },
+    #[error("[sandbox] Landlock: {0}")]
+    Landlock(#[from] landlock::LandlockError),
+    #[error("[sandbox] seccomp: {0}")]
+    Seccomp(#[from] seccomp::SeccompError),
     #[error("[sandbox] {key} {name:?} cannot be found: {why}")]
     Identity {
         key: &'static str,
@@ -96,6 +100,10 @@ pub struct Plan {
     pub tmp_dir: PathBuf,
     /// Its memory and task limits: the cgroups it enters, and how each holds.
     pub limits: limits::Limited,
+    /// Its filesystem (and, with `network = "none"`, TCP) ruleset.
+    landlock: landlock::Prepared,
+    /// Its system-call filter.
+    seccomp: seccomp::Prepared,
 }
 
 /// Prepares the sandbox `manifest` declares, for one spawn: reads the
@@ -114,6 +122,20 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
     make_dir(&state_dir, ids, false)?;
     make_dir(&tmp_dir, ids, true)?;
     let env = environment(manifest, &state_dir, &tmp_dir)?;
+    let network_none = sandbox.network == Network::None;
+    let mut read_write = vec![state_dir.clone(), tmp_dir.clone()];
+    // Shared memory, where OVOS libraries keep their locks (documented in
+    // docs/security.md as shared between toolboxes).
+    read_write.extend(
+        SHARED_MEMORY
+            .iter()
+            .map(PathBuf::from)
+            .filter(|p| p.exists()),
+    );
+    read_write.extend(sandbox.read_write.iter().cloned());
+    let policy = landlock::FsPolicy::standard(own_read_paths(manifest), read_write, network_none);
+    let landlock = landlock::prepare(&policy)?;
+    let seccomp = seccomp::prepare(network_none)?;
     let limits = limits::set_up(&manifest.id, v2_cgroup, sandbox)?;
     Ok(Some(Plan {
         env,
@@ -122,7 +144,84 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
         state_dir,
         tmp_dir,
         limits,
+        landlock,
+        seccomp,
     }))
+}
+
+/// Where processes share memory and locks (`/run/shm` is a link to
+/// `/dev/shm` on most systems): writable in the standard profile.
+const SHARED_MEMORY: [&str; 2] = ["/dev/shm", "/run/shm"];
+
+/// Files that mark the root of a project: a script inside one may read the
+/// whole project (its modules, its data).
+const PROJECT_MARKERS: [&str; 5] = [
+    ".git",
+    "pyproject.toml",
+    "setup.py",
+    "package.json",
+    "Cargo.toml",
+];
+
+/// What a toolbox may read besides the system (docs/security.md): the
+/// manifest's directory and its working directory; where its program lives
+/// (the prefix above the program's `bin/`, as written and as resolved: a
+/// virtual environment, an interpreter's installation); for each argument
+/// that names a file, the project it belongs to (the nearest enclosing
+/// directory with a [`PROJECT_MARKERS`] file, else its own directory); and
+/// `read_only`.
+fn own_read_paths(manifest: &Manifest) -> Vec<PathBuf> {
+    let mut paths = vec![manifest.cwd.clone()];
+    if let Some(dir) = manifest.path.parent() {
+        paths.push(dir.to_owned());
+    }
+    let mut programs = vec![manifest.program.clone(), canonical(&manifest.program)];
+    // A script run through its `#!` line: its interpreter's installation too.
+    if let Some(interpreter) = shebang(&manifest.program) {
+        programs.push(canonical(&interpreter));
+        programs.push(interpreter);
+    }
+    for program in programs {
+        if let Some(prefix) = program.parent().and_then(Path::parent) {
+            // Never the root: a program in /bin gives no prefix to add.
+            if prefix.components().count() > 1 {
+                paths.push(prefix.to_owned());
+            }
+        }
+    }
+    for arg in &manifest.args {
+        let path = manifest.cwd.join(arg);
+        if !path.is_file() {
+            continue;
+        }
+        let path = canonical(&path);
+        let Some(dir) = path.parent() else { continue };
+        let project = dir
+            .ancestors()
+            .take_while(|a| a.components().count() > 1)
+            .find(|a| PROJECT_MARKERS.iter().any(|m| a.join(m).exists()));
+        paths.push(project.unwrap_or(dir).to_owned());
+    }
+    paths.extend(manifest.sandbox.read_only.iter().cloned());
+    paths.sort();
+    paths.dedup();
+    paths.retain(|p| p.exists());
+    paths
+}
+
+/// The interpreter a script names on its `#!` line, if it is one.
+fn shebang(program: &Path) -> Option<PathBuf> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|&b| b == b'\n').next()?;
+    let text = std::str::from_utf8(line).ok()?;
+    text.split_whitespace().next().map(PathBuf::from)
+}
+
+fn canonical(path: &Path) -> PathBuf {
+    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned())
 }
 
 /// The uid and gid the child runs as, when the manifest names a user or group.
@@ -302,7 +401,19 @@ impl Plan {
                 return Err(std::io::Error::last_os_error());
             }
         }
-        Ok(())
+        // Last: after these, little is allowed any more.
+        self.landlock.apply_in_child()?;
+        self.seccomp.apply_in_child()
+    }
+
+    /// What confines the child, in words (for logs and status).
+    pub fn summary(&self) -> Vec<String> {
+        let mut what = vec![
+            format!("Landlock ABI {}", self.landlock.abi()),
+            format!("seccomp ({} calls refused)", self.seccomp.refused().len()),
+        ];
+        what.extend(self.limits.how.iter().cloned());
+        what
     }
 }
 
