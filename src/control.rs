@@ -6,6 +6,7 @@
 //! operator channel ([`crate::operator`]), which carries them out.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -100,6 +101,7 @@ pub async fn serve(
     operators: Operators,
     mut shutdown: Shutdown,
 ) {
+    let open = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -111,7 +113,17 @@ pub async fn serve(
                     tracing::warn!("control socket: refused a connection: {why}");
                     continue;
                 }
-                tokio::spawn(connection(stream, operators.clone()));
+                let Ok(slot) = open.clone().try_acquire_owned() else {
+                    tracing::warn!(
+                        "control socket: refused a connection: {MAX_CONNECTIONS} are open already"
+                    );
+                    continue;
+                };
+                let operators = operators.clone();
+                tokio::spawn(async move {
+                    connection(stream, operators).await;
+                    drop(slot);
+                });
             }
             Err(e) => {
                 tracing::warn!("control socket accept failed: {e}");
@@ -121,6 +133,11 @@ pub async fn serve(
     }
     let _ = std::fs::remove_file(&path);
 }
+
+/// Control connections served at once; more are refused (logged).
+const MAX_CONNECTIONS: usize = 32;
+/// How long a control connection may stay silent before it is closed.
+const IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Admits a peer of the daemon's own user (or root) that runs outside every
 /// toolbox: the socket's mode already keeps other users out, and a toolbox
@@ -153,7 +170,8 @@ const MAX_REQUEST: u64 = 64 * 1024;
 async fn connection(stream: UnixStream, operators: Operators) {
     let (read, mut write) = stream.into_split();
     let mut lines = BufReader::new(tokio::io::AsyncReadExt::take(read, MAX_REQUEST)).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
+    // A connection that asks nothing for IDLE is closed: it holds a slot.
+    while let Ok(Ok(Some(line))) = tokio::time::timeout(IDLE, lines.next_line()).await {
         let answer = answer(&line, &operators).await;
         let mut out = answer.to_string();
         out.push('\n');

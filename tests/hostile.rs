@@ -970,9 +970,10 @@ async fn a_spawn_that_fails_for_want_of_descriptors_is_retried_not_failed() {
     let open = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
         .unwrap()
         .count() as u64;
+    // Room for one spawn (its pipes and sandbox take some 30), not more.
     let limit = libc::rlimit {
-        rlim_cur: open + 4,
-        rlim_max: open + 4,
+        rlim_cur: open + 40,
+        rlim_max: open + 40,
     };
     // SAFETY: prlimit on a child process of ours with a valid struct.
     let set = unsafe {
@@ -991,7 +992,7 @@ async fn a_spawn_that_fails_for_want_of_descriptors_is_retried_not_failed() {
         .to_owned();
     // More connections than descriptors left: the rest wait in the backlog.
     let mut idle = Vec::new();
-    for _ in 0..16 {
+    for _ in 0..64 {
         idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
     }
     daemon.wait_for_log("bus accept failed", 1, Duration::from_secs(10));

@@ -93,16 +93,19 @@ impl SpawnError {
     /// Whether the system was short of descriptors, processes or memory: a
     /// passing shortage, not the toolbox's fault, so worth another try.
     pub fn is_resource_shortage(&self) -> bool {
-        let source = match self {
-            SpawnError::Exec { source, .. } => source,
-            SpawnError::Sandbox(crate::sandbox::SandboxError::Dir { source, .. }) => source,
-            SpawnError::Sandbox(_) => return false,
-        };
-        matches!(
-            source.raw_os_error(),
-            Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM)
-        )
+        match self {
+            SpawnError::Exec { source, .. } => is_shortage(source),
+            SpawnError::Sandbox(e) => e.is_resource_shortage(),
+        }
     }
+}
+
+/// Whether `error` is a shortage of descriptors, processes or memory.
+pub fn is_shortage(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM)
+    )
 }
 
 /// The descriptor limit (soft, hard) toolboxd started with, when it raised
@@ -217,8 +220,9 @@ pub struct Child {
     stderr_tail: StderrTail,
     /// Its cgroup, where cgroups are used: killed and removed with the child.
     cgroup: Option<crate::cgroup::Cgroup>,
-    /// Its sandbox, kept as long as the child: its limit cgroups go with it.
-    sandbox: Option<Arc<crate::sandbox::Plan>>,
+    /// What it keeps of its sandbox: the summary, and the limit cgroups
+    /// that go with it.
+    sandbox: Option<Box<crate::sandbox::Kept>>,
 }
 
 impl Child {
@@ -269,6 +273,14 @@ impl Child {
             }
             Err(e) => return Err(spawn_error(e)),
         };
+        // The commands (and their copies of the plan) are gone: keep only
+        // what must outlive the spawn, and let Landlock's descriptors go.
+        let kept = sandbox.map(|plan| match Arc::try_unwrap(plan) {
+            Ok(plan) => Box::new(plan.into_kept()),
+            // invariant: no command holds the plan any more; if one did, its
+            // limits would be removed with it.
+            Err(plan) => Box::new(crate::sandbox::Kept::summary_only(plan.summary())),
+        });
         let pid = process.id();
         let pipes = async_pipes(&mut process);
         let (stdin, stdout, stderr) = match pipes {
@@ -343,7 +355,7 @@ impl Child {
                 exit: exit_rx,
                 stderr_tail,
                 cgroup,
-                sandbox,
+                sandbox: kept,
             },
             events_rx,
         ))
@@ -353,8 +365,8 @@ impl Child {
     pub fn sandbox_summary(&self) -> String {
         match &self.sandbox {
             None => "off".to_owned(),
-            Some(plan) => std::iter::once("standard".to_owned())
-                .chain(plan.summary())
+            Some(kept) => std::iter::once("standard".to_owned())
+                .chain(kept.summary.iter().cloned())
                 .collect::<Vec<_>>()
                 .join("; "),
         }

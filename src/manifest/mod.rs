@@ -354,7 +354,7 @@ impl Manifest {
 
         let sandbox = raw
             .sandbox
-            .validate(&dir)
+            .validate(&dir, raw.limits.max_concurrent_calls)
             .map_err(|(key, message)| err(key_line(key), format!("[sandbox] {message}")))?;
 
         Ok(Manifest {

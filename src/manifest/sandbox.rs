@@ -133,8 +133,14 @@ fn valid_var(name: &str) -> bool {
 
 impl RawSandbox {
     /// Validates the table; `dir` is the manifest's directory (relative paths
-    /// resolve against it). The error names the key at fault.
-    pub(super) fn validate(self, dir: &Path) -> Result<Sandbox, (&'static str, String)> {
+    /// resolve against it), `concurrent_calls` the toolbox's
+    /// `max_concurrent_calls` (the default `tasks_max` leaves room for a
+    /// thread or two per call). The error names the key at fault.
+    pub(super) fn validate(
+        self,
+        dir: &Path,
+        concurrent_calls: usize,
+    ) -> Result<Sandbox, (&'static str, String)> {
         let defaults = Sandbox::default();
         let env_pass = self.env_pass.unwrap_or(defaults.env_pass);
         for name in &env_pass {
@@ -223,7 +229,9 @@ impl RawSandbox {
             read_write: resolve(self.read_write),
             limits_declared: self.memory_max_mib.is_some() || self.tasks_max.is_some(),
             memory_max_mib: self.memory_max_mib.unwrap_or(defaults.memory_max_mib),
-            tasks_max: self.tasks_max.unwrap_or(defaults.tasks_max),
+            tasks_max: self
+                .tasks_max
+                .unwrap_or(defaults.tasks_max + 2 * concurrent_calls as u64),
             nofile: self.nofile.unwrap_or(defaults.nofile),
         })
     }

@@ -59,6 +59,20 @@ pub enum SandboxError {
     },
 }
 
+impl SandboxError {
+    /// Whether it failed for want of descriptors, processes or memory (a
+    /// passing shortage, worth another try), not for what was declared.
+    pub fn is_resource_shortage(&self) -> bool {
+        let source = match self {
+            SandboxError::Dir { source, .. } => source,
+            SandboxError::Landlock(landlock::LandlockError::Path { source, .. })
+            | SandboxError::Landlock(landlock::LandlockError::Kernel { source, .. }) => source,
+            _ => return false,
+        };
+        crate::child::is_shortage(source)
+    }
+}
+
 /// Where the daemon keeps its toolboxes' state: `$STATE_DIRECTORY` (set by
 /// systemd's `StateDirectory=`), else `/var/lib/toolboxd` for root, else
 /// `$XDG_STATE_HOME/toolboxd` or `~/.local/state/toolboxd`.
@@ -368,10 +382,6 @@ impl Plan {
         unsafe {
             libc::umask(0o077);
             set_limit(Resource::RLIMIT_CORE, 0)?;
-            // Never above the hard limit it was given: raising one needs a
-            // capability the daemon may lack.
-            let (_, hard) = nix::sys::resource::getrlimit(Resource::RLIMIT_NOFILE)?;
-            set_limit(Resource::RLIMIT_NOFILE, self.nofile.min(hard))?;
             // Only 0, 1 and 2 survive exec: every other descriptor is marked
             // close-on-exec (closing them now would also close the pipe
             // through which a failed exec is reported).
@@ -401,9 +411,25 @@ impl Plan {
                 return Err(std::io::Error::last_os_error());
             }
         }
-        // Last: after these, little is allowed any more.
+        // After these, little is allowed any more.
         self.landlock.apply_in_child()?;
-        self.seccomp.apply_in_child()
+        self.seccomp.apply_in_child()?;
+        // Last, as Landlock needs descriptors while the daemon's (to be
+        // closed at exec) may still fill the low numbers. Never above the
+        // hard limit it was given: raising one needs a capability the
+        // daemon may lack.
+        let (_, hard) = nix::sys::resource::getrlimit(Resource::RLIMIT_NOFILE)?;
+        set_limit(Resource::RLIMIT_NOFILE, self.nofile.min(hard))
+    }
+
+    /// What outlives the spawn: the limits (their cgroups go with the
+    /// child) and the summary; the rest (Landlock's descriptors) is let go.
+    pub fn into_kept(self) -> Kept {
+        let summary = self.summary();
+        Kept {
+            summary,
+            _limits: self.limits,
+        }
     }
 
     /// What confines the child, in words (for logs and status).
@@ -414,6 +440,25 @@ impl Plan {
         ];
         what.extend(self.limits.how.iter().cloned());
         what
+    }
+}
+
+/// What a running child keeps of its sandbox.
+#[derive(Debug)]
+pub struct Kept {
+    /// What confines it, in words.
+    pub summary: Vec<String>,
+    /// Its limit cgroups, removed when it is dropped with the child.
+    _limits: limits::Limited,
+}
+
+impl Kept {
+    /// Only the words (when the plan could not be taken back).
+    pub fn summary_only(summary: Vec<String>) -> Kept {
+        Kept {
+            summary,
+            _limits: limits::Limited::default(),
+        }
     }
 }
 
