@@ -213,7 +213,7 @@ pub fn kill_and_remove_tree(root: &Path) {
 }
 
 /// The mount point of the cgroup2 hierarchy in a mountinfo text.
-fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+pub(crate) fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     mountinfo.lines().find_map(|line| {
         // "ID PARENT MAJ:MIN ROOT MOUNT OPTS [TAGS...] - FSTYPE SOURCE SUPER"
         let (left, right) = line.split_once(" - ")?;
@@ -223,7 +223,7 @@ fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
 }
 
 /// This process's path in the cgroup2 hierarchy (the `0::` line).
-fn own_cgroup2_path(cgroup: &str) -> Option<&str> {
+pub(crate) fn own_cgroup2_path(cgroup: &str) -> Option<&str> {
     cgroup.lines().find_map(|l| l.strip_prefix("0::"))
 }
 

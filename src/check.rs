@@ -10,13 +10,20 @@ use crate::manifest::{self, Manifest};
 
 /// Checks every manifest in `dirs`, printing one line per toolbox (and one per
 /// problem) to `out`. Returns whether everything was fine.
-pub async fn check(dirs: &[PathBuf], probe: bool, out: &mut impl Write) -> bool {
+pub async fn check(dirs: &[PathBuf], probe: bool, sandbox: bool, out: &mut impl Write) -> bool {
     let set = manifest::load_dirs(dirs);
     let mut ok = set.errors.is_empty();
     for e in &set.errors {
         let _ = writeln!(out, "error {e}");
     }
     for m in &set.manifests {
+        if sandbox {
+            let (lines, holds) = crate::sandbox::report(m);
+            ok &= holds;
+            for line in lines {
+                let _ = writeln!(out, "sandbox {}  {line}", m.id);
+            }
+        }
         if !probe {
             let _ = writeln!(out, "ok    {}  {}", m.id, m.path.display());
             continue;

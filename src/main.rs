@@ -104,6 +104,9 @@ enum Command {
         /// Start each child, do the handshake, list and compile its tools.
         #[arg(long)]
         probe: bool,
+        /// Say per toolbox which confinement mechanisms hold on this machine.
+        #[arg(long)]
+        sandbox: bool,
     },
     /// List every tool on the bus (ovos.tools.list).
     List {
@@ -259,8 +262,13 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 ExitCode::SUCCESS
             })
         }
-        Command::Check { manifests, probe } => {
-            let ok = toolboxd::check::check(&manifests, probe, &mut std::io::stdout()).await;
+        Command::Check {
+            manifests,
+            probe,
+            sandbox,
+        } => {
+            let ok =
+                toolboxd::check::check(&manifests, probe, sandbox, &mut std::io::stdout()).await;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {

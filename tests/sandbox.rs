@@ -324,3 +324,49 @@ async fn landlock_and_seccomp_hold_writes_proc_and_the_network() {
         "{ready:?}"
     );
 }
+
+#[test]
+fn check_sandbox_says_what_holds_here_and_fails_on_what_cannot() {
+    let dir = TempDir::new("sandbox-report");
+    dir.write("math.toml", &math_manifest("math"));
+    dir.write(
+        "closed.toml",
+        &format!("{}[sandbox]\nnetwork = \"none\"\n", math_manifest("closed")),
+    );
+    let run = |dir: &std::path::Path| {
+        let out = common::output_within(
+            Command::new(BIN).args(["check", "--sandbox", "--manifests", dir.to_str().unwrap()]),
+            common::ANSWER_DEADLINE,
+        );
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = run(dir.path());
+    assert_eq!(code, Some(0), "{text}");
+    for line in [
+        "sandbox math  ok    Landlock: Landlock ABI",
+        "sandbox math  ok    seccomp: filter for",
+        "sandbox math  ok    tasks_max = 80: cgroup",
+        "sandbox closed  ok    network = \"none\": seccomp refuses IP sockets, Landlock TCP",
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
+    // A secret that cannot be read would fail the start: check says so.
+    dir.write(
+        "secret.toml",
+        &format!(
+            "{}[sandbox]\nsecrets = {{ KEY = \"/nonexistent/key\" }}\n",
+            math_manifest("secret")
+        ),
+    );
+    let (code, text) = run(dir.path());
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains(
+            "sandbox secret  FAIL  [sandbox] secrets: cannot read KEY from /nonexistent/key"
+        ),
+        "{text}"
+    );
+}

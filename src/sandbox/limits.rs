@@ -100,6 +100,34 @@ pub fn set_up(
     Ok(limited)
 }
 
+/// How a limit through `controller` would hold here, or why it would not
+/// (without creating anything).
+pub fn availability(controller: &str) -> Result<String, String> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    // v2: the controller is available in our own cgroup, to enable below it.
+    if let (Some(mount), Some(path)) = (
+        crate::cgroup::cgroup2_mount(&mountinfo),
+        crate::cgroup::own_cgroup2_path(&own),
+    ) {
+        let available = mount
+            .join(path.trim_start_matches('/'))
+            .join("cgroup.controllers");
+        let available = std::fs::read_to_string(available).unwrap_or_default();
+        if available.split_whitespace().any(|c| c == controller) {
+            return Ok(format!("cgroup v2 {controller} controller"));
+        }
+    }
+    match (v1_mount(&mountinfo, controller), v1_path(&own, controller)) {
+        (Some(_), Some(_)) => Ok(format!("cgroup v1 {controller} controller")),
+        _ => Err(format!(
+            "no {controller} controller is available to the daemon (cgroup v2 without \
+             delegation, and no v1 hierarchy)"
+        )),
+    }
+}
+
 /// Writes `value` into a cgroup control file.
 fn write(file: &Path, value: u64) -> Result<(), SandboxError> {
     std::fs::write(file, value.to_string()).map_err(|source| SandboxError::Dir {

@@ -12,7 +12,10 @@
 
 pub mod landlock;
 pub mod limits;
+mod report;
 pub mod seccomp;
+
+pub use report::report;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -336,7 +339,7 @@ fn environment(
 
 /// Reads secret `name` from `source`: an absolute path, or the name of a
 /// credential in `$CREDENTIALS_DIRECTORY`. One trailing newline is dropped.
-fn secret(name: &str, source: &str) -> Result<String, SandboxError> {
+pub(crate) fn secret(name: &str, source: &str) -> Result<String, SandboxError> {
     let path = if source.contains('/') {
         PathBuf::from(source)
     } else {
