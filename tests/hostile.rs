@@ -566,11 +566,29 @@ async fn a_bus_client_that_does_not_read_is_dropped_and_nobody_else() {
     let (deaf, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
     let (flood, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
     let (mut flood_out, mut flood_in) = flood.split();
-    // The flooder reads what it is sent, so only the deaf client falls behind.
-    tokio::spawn(async move { while let Some(Ok(_)) = flood_in.next().await {} });
+    // The flooder reads what it is sent (its own frames come back to it),
+    // and never runs more than 8 frames ahead of its reading: only the deaf
+    // client falls behind.
+    let echoed = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = echoed.clone();
+    tokio::spawn(async move {
+        while let Some(Ok(frame)) = flood_in.next().await {
+            if frame.len() > 1 << 19 {
+                counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    });
     let noise =
         json!({"type": "noise", "data": {"pad": "x".repeat(1 << 20)}, "context": {}}).to_string();
-    for _ in 0..120 {
+    for sent in 0..120 {
+        let deadline = std::time::Instant::now() + common::ANSWER_DEADLINE;
+        while sent > echoed.load(std::sync::atomic::Ordering::Relaxed) + 8 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the flooder's frames stopped coming back"
+            );
+            tokio::task::yield_now().await;
+        }
         flood_out.send(Message::text(noise.clone())).await.unwrap();
     }
     common::wait_until(
