@@ -192,6 +192,12 @@ impl Drop for Cgroup {
 /// keeper's end of a daemon). Blocking; gives up after about a second.
 pub fn kill_and_remove_tree(root: &Path) {
     let _ = std::fs::write(root.join("cgroup.kill"), "1");
+    remove_tree(root);
+}
+
+/// Removes the cgroup `root` and the cgroups in it once their processes are
+/// gone (v1 or v2). Blocking; gives up after about a second.
+pub fn remove_tree(root: &Path) {
     for _ in 0..50 {
         let children: Vec<PathBuf> = std::fs::read_dir(root)
             .map(|entries| {

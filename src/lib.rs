@@ -39,6 +39,7 @@
 //! - [`notify`]: systemd readiness and watchdog notifications.
 //! - [`files`]: reading operator files without trusting what is at the path.
 //! - [`throttle`]: a per-second budget for log lines from outside the daemon.
+//! - [`wait`]: `or_never`, for `select!` branches that apply only sometimes.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
 pub mod answers;
@@ -67,3 +68,4 @@ pub mod supervisor;
 pub mod throttle;
 pub mod tool;
 pub mod toolbox;
+pub mod wait;

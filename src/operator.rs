@@ -24,6 +24,7 @@ use crate::registry::{Catalog, Registry};
 use crate::shutdown::Shutdown;
 use crate::supervisor::{ReloadReport, Supervisor};
 use crate::toolbox::{State, ToolboxHandle};
+use crate::wait::or_never;
 
 const STATUS: &str = "status";
 const RESTART: &str = "restart";
@@ -338,14 +339,6 @@ fn peer_check(
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = PeerCheck> + Send>> {
     let peers = peers.clone();
     Box::pin(async move { peers.check().await })
-}
-
-/// Awaits `future` if there is one; otherwise never completes.
-async fn or_never<F: std::future::Future + Unpin>(future: Option<&mut F>) -> F::Output {
-    match future {
-        Some(future) => future.await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Takes one request: a reload waits in `reloads` for the next reload; status

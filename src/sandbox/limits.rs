@@ -222,22 +222,7 @@ fn remove_all(dirs: &[PathBuf]) -> bool {
 pub fn remove_daemon_groups() {
     let groups = std::mem::take(&mut *DAEMON_GROUPS.lock().unwrap_or_else(|e| e.into_inner()));
     for group in groups {
-        for _ in 0..50 {
-            let children: Vec<PathBuf> = std::fs::read_dir(&group)
-                .map(|entries| {
-                    entries
-                        .filter_map(|e| e.ok())
-                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                        .map(|e| e.path())
-                        .collect()
-                })
-                .unwrap_or_default();
-            let _ = remove_all(&children);
-            if std::fs::remove_dir(&group).is_ok() || !group.exists() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        crate::cgroup::remove_tree(&group);
     }
 }
 

@@ -21,6 +21,7 @@ use crate::launch::{self, Launched};
 use crate::manifest::Manifest;
 use crate::mcp::ToolSpec;
 use crate::tool::ToolSet;
+use crate::wait::or_never;
 
 /// Liveness probes missed in a row before the child is killed.
 const MAX_MISSED_PROBES: u32 = 3;
@@ -103,15 +104,6 @@ enum Event {
     RefreshDue,
     /// The backoff delay or the failed cool-down is over.
     Timer,
-}
-
-/// Awaits `future` if there is one; otherwise never completes (a branch of
-/// the actor's `select!` that does not apply in the current mode).
-async fn or_never<F: std::future::Future>(future: Option<F>) -> F::Output {
-    match future {
-        Some(future) => future.await,
-        None => std::future::pending().await,
-    }
 }
 
 pub(super) struct Actor {
