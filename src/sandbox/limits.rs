@@ -211,10 +211,20 @@ impl Drop for Limited {
     }
 }
 
-/// Removes `dirs`; `false` while one is still populated.
+/// Removes `dirs`, and the daemon's group above each once it is empty (so
+/// a process that never shuts down cleanly, a test, leaves nothing);
+/// `false` while one is still populated.
 fn remove_all(dirs: &[PathBuf]) -> bool {
-    dirs.iter()
+    if !dirs
+        .iter()
         .all(|d| std::fs::remove_dir(d).is_ok() || !d.exists())
+    {
+        return false;
+    }
+    for parent in dirs.iter().filter_map(|d| d.parent()) {
+        let _ = std::fs::remove_dir(parent);
+    }
+    true
 }
 
 /// Removes the daemon's v1 groups and what is left in them (at its exit,

@@ -113,7 +113,7 @@ pub struct Plan {
     nofile: libc::rlim_t,
     /// Its state directory (kept across starts), for status and tests.
     pub state_dir: PathBuf,
-    /// Its private tmp (emptied at every start).
+    /// Its private tmp (its own, new at every start, removed with it).
     pub tmp_dir: PathBuf,
     /// Its memory and task limits: the cgroups it enters, and how each holds.
     pub limits: limits::Limited,
@@ -124,7 +124,7 @@ pub struct Plan {
 }
 
 /// Prepares the sandbox `manifest` declares, for one spawn: reads the
-/// secrets, makes the state directory and a fresh private tmp, sets the
+/// secrets, makes the state directory and a new private tmp, sets the
 /// limits (in the child's cgroup `v2_cgroup`, if it has one). `None` for
 /// `profile = "off"`.
 pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan>, SandboxError> {
@@ -135,9 +135,21 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
     let ids = identity(sandbox)?;
     let root = state_root()?.join(&manifest.id);
     let state_dir = root.join("state");
-    let tmp_dir = root.join("tmp");
+    // One per child: instances (and another daemon's child of the same id)
+    // never share, nor empty, each other's.
+    static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp_dir = root.join("tmp").join(format!("{}-{n}", std::process::id()));
     make_dir(&state_dir, ids, false)?;
     make_dir(&tmp_dir, ids, true)?;
+    if ids.is_some() {
+        // Another user must pass through the directories above its own.
+        use std::os::unix::fs::PermissionsExt;
+        for dir in [root.clone(), root.join("tmp")] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
+                .map_err(|source| SandboxError::Dir { path: dir, source })?;
+        }
+    }
     let env = environment(manifest, &state_dir, &tmp_dir)?;
     let network_none = sandbox.network == Network::None;
     let mut read_write = vec![state_dir.clone(), tmp_dir.clone()];
@@ -432,6 +444,7 @@ impl Plan {
         Kept {
             summary,
             _limits: self.limits,
+            tmp_dir: Some(self.tmp_dir),
         }
     }
 
@@ -453,6 +466,24 @@ pub struct Kept {
     pub summary: Vec<String>,
     /// Its limit cgroups, removed when it is dropped with the child.
     _limits: limits::Limited,
+    /// Its private tmp, removed when it is dropped with the child.
+    tmp_dir: Option<PathBuf>,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let Some(dir) = self.tmp_dir.take() else {
+            return;
+        };
+        let remove = move || {
+            let _ = std::fs::remove_dir_all(dir);
+        };
+        // Off the runtime thread: a tmp may hold many files.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(remove)),
+            Err(_) => remove(),
+        }
+    }
 }
 
 impl Kept {
@@ -461,6 +492,7 @@ impl Kept {
         Kept {
             summary,
             _limits: limits::Limited::default(),
+            tmp_dir: None,
         }
     }
 }
