@@ -60,6 +60,7 @@ impl Cgroups {
         let own = std::fs::read_to_string("/proc/self/cgroup")
             .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
         let own = own_cgroup2_path(&own).ok_or("this process has no cgroup2 path")?;
+        become_leaf(&mount.join(own.trim_start_matches('/')));
         let relative = format!(
             "{}/toolboxd-{}",
             own.trim_end_matches('/'),
@@ -121,6 +122,52 @@ impl Cgroups {
         )
         .map_err(std::io::Error::other)?;
         Ok(Cgroup { dir, procs })
+    }
+}
+
+/// A cgroup with processes in it cannot pass controllers on (cgroup v2's
+/// "no internal processes" rule). Where the daemon is alone in a cgroup
+/// delegated to it (systemd's `Delegate=`), it moves into a leaf, `daemon`,
+/// and enables the controllers the limits need for its subtree. Elsewhere
+/// (not alone, nothing delegated) it changes nothing.
+fn become_leaf(own_dir: &Path) {
+    let read = |name: &str| std::fs::read_to_string(own_dir.join(name)).unwrap_or_default();
+    let wanted = ["pids", "memory"];
+    let offered = read("cgroup.controllers");
+    let passed = read("cgroup.subtree_control");
+    let missing: Vec<&str> = wanted
+        .into_iter()
+        .filter(|c| offered.split_whitespace().any(|o| o == *c))
+        .filter(|c| !passed.split_whitespace().any(|p| p == *c))
+        .collect();
+    // Only when alone: never move out of a cgroup others share.
+    let alone = read("cgroup.procs").split_whitespace().collect::<Vec<_>>()
+        == [std::process::id().to_string()];
+    if missing.is_empty() || !alone {
+        return;
+    }
+    let leaf = own_dir.join("daemon");
+    let moved = std::fs::create_dir(&leaf)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => Ok(()),
+            _ => Err(e),
+        })
+        .and_then(|()| std::fs::write(leaf.join("cgroup.procs"), std::process::id().to_string()));
+    if let Err(e) = moved {
+        tracing::info!("cannot move into {}: {e}", leaf.display());
+        return;
+    }
+    for controller in missing {
+        let enabled = std::fs::write(
+            own_dir.join("cgroup.subtree_control"),
+            format!("+{controller}"),
+        );
+        if let Err(e) = enabled {
+            tracing::info!(
+                "cannot pass the {controller} controller on in {}: {e}",
+                own_dir.display()
+            );
+        }
     }
 }
 

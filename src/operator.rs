@@ -412,6 +412,7 @@ pub fn status(catalog: &Catalog) -> Value {
                 "restarts": s.restarts,
                 "last_exit": s.last_exit,
                 "era": s.era,
+                "sandbox": s.sandbox,
                 "uptime_s": entry.handle.uptime().map(|u| u.as_secs()),
                 "calls_ok": s.calls_ok,
                 "calls_err": s.calls_err,

@@ -108,6 +108,23 @@ async fn a_child_has_no_new_privileges_only_fds_0_to_2_no_core_and_umask_077() {
     let pid = seen["pid"].as_u64().unwrap();
     assert_eq!(status_field(pid, "NoNewPrivs"), "1");
     assert_eq!(seen["umask"], 0o077);
+    // Status says what confines the child, mechanism by mechanism.
+    let sandbox = daemon.status("box")["sandbox"].clone();
+    let mechanisms: Vec<&str> = sandbox
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| m.as_str().expect("words"))
+        .collect();
+    assert_eq!(mechanisms[0], "standard", "{sandbox}");
+    assert!(
+        mechanisms.iter().any(|m| m.starts_with("Landlock ABI")),
+        "{sandbox}"
+    );
+    assert!(
+        mechanisms.iter().any(|m| m.starts_with("seccomp")),
+        "{sandbox}"
+    );
     let fds: BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -161,6 +178,7 @@ async fn profile_off_restores_the_old_behaviour_with_a_warning() {
     assert_eq!(seen["env"]["DAEMON_SECRET"], "visible-when-off");
     let pid = seen["pid"].as_u64().unwrap();
     assert_eq!(status_field(pid, "NoNewPrivs"), "0");
+    assert_eq!(daemon.status("box")["sandbox"], json!(["off"]));
     assert!(!daemon.log_lines_with("sandbox profile \"off\"").is_empty());
 }
 

@@ -363,12 +363,17 @@ impl Child {
 
     /// What confines it, in words: `off`, or how each limit holds.
     pub fn sandbox_summary(&self) -> String {
+        self.sandbox_mechanisms().join("; ")
+    }
+
+    /// What confines it, one mechanism per entry: `["off"]`, or
+    /// `["standard", "Landlock ABI 6", ...]`.
+    pub fn sandbox_mechanisms(&self) -> Vec<String> {
         match &self.sandbox {
-            None => "off".to_owned(),
+            None => vec!["off".to_owned()],
             Some(kept) => std::iter::once("standard".to_owned())
                 .chain(kept.summary.iter().cloned())
-                .collect::<Vec<_>>()
-                .join("; "),
+                .collect(),
         }
     }
 

@@ -439,7 +439,10 @@ impl Actor {
             sandbox = %launched.child.sandbox_summary(),
             "toolbox ready"
         );
-        self.stats.set_era(serving.session.era().to_string());
+        self.stats.set_serving(
+            serving.session.era().to_string(),
+            launched.child.sandbox_mechanisms(),
+        );
         self.show(View::Serving(&serving), Some(Arc::new(launched.tools)));
         Running {
             child: launched.child,

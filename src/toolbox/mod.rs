@@ -172,6 +172,8 @@ struct Detail {
     last_exit: Option<String>,
     /// The MCP era and version the serving child speaks.
     era: Option<String>,
+    /// What confines the serving child, mechanism by mechanism.
+    sandbox: Vec<String>,
     /// Durations of the latest calls, in microseconds.
     latencies: VecDeque<u32>,
 }
@@ -185,6 +187,8 @@ pub struct StatsSnapshot {
     pub restarts: u64,
     pub last_exit: Option<String>,
     pub era: Option<String>,
+    /// What confines the serving child (`["off"]` when nothing does).
+    pub sandbox: Vec<String>,
     /// Median and 99th percentile of recent call latencies.
     pub p50: Option<Duration>,
     pub p99: Option<Duration>,
@@ -212,8 +216,11 @@ impl Stats {
             .push_back(took.as_micros().min(u32::MAX as u128) as u32);
     }
 
-    fn set_era(&self, era: String) {
-        self.detail().era = Some(era);
+    /// Records what the child now serving speaks and how it is confined.
+    fn set_serving(&self, era: String, sandbox: Vec<String>) {
+        let mut d = self.detail();
+        d.era = Some(era);
+        d.sandbox = sandbox;
     }
 
     fn set_last_exit(&self, text: String) {
@@ -238,6 +245,7 @@ impl Stats {
             restarts: self.restarts.load(Ordering::Relaxed),
             last_exit: d.last_exit.clone(),
             era: d.era.clone(),
+            sandbox: d.sandbox.clone(),
             p50: pick(0.5),
             p99: pick(0.99),
         }
