@@ -9,6 +9,9 @@ use serde_json::{Map, Value};
 use crate::mcp::RpcError;
 use crate::toolbox::CallError;
 
+/// A call cancelled by the global stop (DESIGN §6), word for word.
+pub const CANCELLED_BY_STOP: &str = "CancelledError: call cancelled by stop";
+
 /// The error for a call that produced no result, naming the tool and toolbox.
 pub fn call_error(error: &CallError, tool: &str, toolbox: &str) -> String {
     match error {
@@ -29,6 +32,7 @@ pub fn call_error(error: &CallError, tool: &str, toolbox: &str) -> String {
             "RuntimeError: toolbox '{toolbox}' is busy: {waiting} calls are running or waiting \
              for it already (max_queued_calls); try again later"
         ),
+        CallError::Cancelled => CANCELLED_BY_STOP.to_owned(),
     }
 }
 

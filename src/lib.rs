@@ -13,6 +13,8 @@
 //! - [`operator`]: the operator channel: the operations (status, reload,
 //!   restart, stop, start), their wire names, and the one place they are
 //!   carried out, whether asked by the control socket, SIGHUP or the bus.
+//! - [`cancel`]: the global stop: calls in flight by session, and the
+//!   token a stop cancels each with.
 //! - [`answers`]: how a call's outcome reads on the bus: result mapping and
 //!   every error text.
 //! - [`registry`]: the catalog of hosted toolboxes and their tools.
@@ -45,6 +47,7 @@
 pub mod answers;
 pub mod bus;
 pub mod caller;
+pub mod cancel;
 pub mod cgroup;
 pub mod check;
 pub mod child;

@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::answers;
 use crate::bus::envelope::{Message, Object};
+use crate::cancel::InFlight;
 use crate::manifest::valid_id;
 use crate::object;
 use crate::operator::{Operation, Operators, Outcome};
@@ -47,6 +48,8 @@ pub const LIST: &str = "ovos.tools.list";
 pub const GET: &str = "ovos.tools.get";
 pub const INVOKE: &str = "ovos.tools.invoke";
 pub const RELOAD: &str = "ovos.tools.reload";
+/// The global stop OVOS sends when the user says "stop" (DESIGN §6).
+pub const STOP: &str = "mycroft.stop";
 
 /// Answers the topics, for the toolboxes in the registry.
 pub struct Service {
@@ -64,6 +67,8 @@ pub struct Service {
     peers: Arc<Peers>,
     /// Malformed frames logged per second: any client can send thousands.
     malformed: std::sync::Mutex<LogBudget>,
+    /// The calls in flight by session, for the global stop to cancel.
+    in_flight: InFlight,
 }
 
 /// Malformed bus frames logged per second; the rest are counted.
@@ -93,6 +98,7 @@ enum Topic {
     Get,
     Invoke,
     Reload,
+    Stop,
 }
 
 fn route(topic: &str) -> Option<Topic> {
@@ -103,6 +109,7 @@ fn route(topic: &str) -> Option<Topic> {
         GET => Topic::Get,
         INVOKE => Topic::Invoke,
         RELOAD => Topic::Reload,
+        STOP => Topic::Stop,
         other => {
             let id = other
                 .strip_prefix("ovos.persona.tools.")?
@@ -132,6 +139,7 @@ impl Service {
             flat,
             peers,
             malformed: std::sync::Mutex::new(LogBudget::new(MALFORMED_PER_SECOND)),
+            in_flight: InFlight::default(),
         })
     }
 
@@ -277,6 +285,21 @@ impl Service {
             Topic::Get => self.get(&request),
             Topic::Invoke => self.invoke(&request, arrived).await,
             Topic::Reload => self.reload(&request).await,
+            Topic::Stop => self.stop(&request),
+        }
+    }
+
+    /// The global stop: cancels the calls in flight of the stop's session,
+    /// or of every session when it names none. Nothing is answered.
+    fn stop(&self, request: &Message) {
+        let session = session_of(request);
+        let cancelled = self.in_flight.stop(session);
+        if cancelled > 0 {
+            tracing::info!(
+                session = session.unwrap_or("(all)"),
+                cancelled,
+                "calls cancelled by stop"
+            );
         }
     }
 
@@ -323,7 +346,8 @@ impl Service {
             None | Some("") => Err(answers::MISSING_NAME.to_owned()),
             Some(name) => {
                 let args = arguments(request, "kwargs");
-                self.call_in(catalog, id, name, args, arrived).await
+                self.call_in(request, catalog, id, name, args, arrived)
+                    .await
             }
         };
         self.respond(request, answer_data("toolbox_id", id, answer));
@@ -334,6 +358,7 @@ impl Service {
     /// the call's deadline.
     async fn call_in(
         &self,
+        request: &Message,
         mut catalog: Arc<Catalog>,
         id: &str,
         name: &str,
@@ -352,7 +377,7 @@ impl Service {
                 return Err(answers::failed(id, reason));
             }
             match entry.tools.get(name) {
-                Some(tool) => return self.run(&entry.handle, tool, args, arrived).await,
+                Some(tool) => return self.run(request, &entry.handle, tool, args, arrived).await,
                 None if attempt == 0
                     && entry.state == State::Starting
                     && entry.tools.is_empty() =>
@@ -371,9 +396,11 @@ impl Service {
     }
 
     /// One call, top-down: validate the arguments (before the child sees
-    /// anything), call the child, map its result, validate the output, count.
+    /// anything), call the child (a stop for the request's session cancels
+    /// it), map its result, validate the output, count.
     async fn run(
         &self,
+        request: &Message,
         handle: &ToolboxHandle,
         tool: &Arc<Tool>,
         args: Value,
@@ -383,7 +410,8 @@ impl Service {
         let args = check_arguments(handle, tool, args, arrived)
             .await
             .map_err(|why| answers::invalid_arguments(name, id, &why))?;
-        let outcome = match handle.call(name, args, arrived.at).await {
+        let (mut cancel, _in_flight) = self.in_flight.register(session_of(request));
+        let outcome = match handle.call(name, args, arrived.at, &mut cancel).await {
             Ok(raw) => answers::map_call_result(raw, tool.has_output_schema).and_then(|result| {
                 tool.check_output(&result)
                     .map_err(|why| answers::invalid_output(name, id, &why))?;
@@ -429,7 +457,7 @@ impl Service {
         let answer = match catalog.resolve(name) {
             Resolved::One(entry, tool) => {
                 let args = arguments(request, "args");
-                self.run(&entry.handle, tool, args, arrived).await
+                self.run(request, &entry.handle, tool, args, arrived).await
             }
             Resolved::Unknown => Err(answers::unknown_tool(name)),
             Resolved::Ambiguous(ids) => Err(answers::ambiguous(name, ids)),
@@ -537,6 +565,12 @@ fn leading_topic(frame: &str) -> Option<&str> {
     let rest = rest.strip_prefix(' ').unwrap_or(rest).strip_prefix('"')?;
     let end = rest.find(['"', '\\'])?;
     (rest.as_bytes()[end] == b'"').then(|| &rest[..end])
+}
+
+/// The session a request belongs to (`context.session.session_id`), if it
+/// names one.
+fn session_of(request: &Message) -> Option<&str> {
+    request.context.get("session")?.get("session_id")?.as_str()
 }
 
 /// The call arguments under `key`; absent or null means `{}`.

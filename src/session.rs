@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+use crate::cancel::Cancel;
 use crate::child::{RpcFailure, RpcHandle};
 use crate::manifest::{LEGACY_VERSIONS, MODERN_VERSIONS};
 use crate::mcp::{self, Era, ToolSpec};
@@ -254,13 +255,14 @@ impl Session {
         name: &str,
         arguments: Value,
         deadline: tokio::time::Instant,
+        cancel: &mut Cancel,
         hold: Box<dyn Send>,
     ) -> Result<Value, RpcFailure> {
         let mut params = Map::new();
         params.insert("name".to_owned(), Value::String(name.to_owned()));
         params.insert("arguments".to_owned(), arguments);
         self.rpc
-            .request_until("tools/call", self.params(params), deadline, hold)
+            .request_until("tools/call", self.params(params), deadline, cancel, hold)
             .await
     }
 

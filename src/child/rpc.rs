@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::logs::{log_child_message, LogBudget, MESSAGES_PER_SECOND};
 use super::{ChildEvent, ExitInfo};
+use crate::cancel::Cancel;
 use crate::mcp::{self, FrameError, Incoming, RpcError};
 
 /// Why a request to a child got no result.
@@ -35,6 +36,9 @@ pub enum RpcFailure {
     /// The deadline passed first; the child was told to cancel.
     #[error("did not answer in time")]
     TimedOut,
+    /// A stop cancelled the call first; the child was told to cancel.
+    #[error("cancelled by stop")]
+    Cancelled,
 }
 
 /// What waits for the answer to one request.
@@ -202,44 +206,45 @@ impl RpcHandle {
         }
     }
 
-    /// Sends a request and waits for its answer until `deadline`. Past it the
-    /// child gets `notifications/cancelled` and the caller `TimedOut` at once,
-    /// but `hold` stays held until the child answers anyway or is gone, so a
-    /// slot is free only when the child is really done with the request.
+    /// Sends a request and waits for its answer until `deadline`, or until
+    /// `cancel` fires (a stop). Then the child gets `notifications/cancelled`
+    /// and the caller `TimedOut` or `Cancelled` at once, but `hold` stays
+    /// held until the child answers anyway or is gone, so a slot is free only
+    /// when the child is really done with the request.
     pub async fn request_until(
         &self,
         method: &str,
         params: Value,
         deadline: tokio::time::Instant,
+        cancel: &mut Cancel,
         hold: Box<dyn Send>,
     ) -> Result<Value, RpcFailure> {
         let link = &*self.link;
         let (id, mut rx, mut guard) = self.send_request(method, &params)?;
-        let answer = match tokio::time::timeout_at(deadline, &mut rx).await {
-            Ok(answer) => answer,
-            Err(_) => {
+        let (failure, reason) = tokio::select! {
+            biased;
+            answer = &mut rx => {
                 guard.done = true;
-                let abandoned = match link.lock_pending().get_mut(&id) {
-                    Some(waiter) => {
-                        *waiter = Waiter::Abandoned(hold);
-                        true
-                    }
-                    None => false,
-                };
-                if abandoned {
-                    let params = serde_json::json!({"requestId": id, "reason": "timed out"});
-                    link.send(mcp::notification_line("notifications/cancelled", &params));
-                    return Err(RpcFailure::TimedOut);
-                }
-                // Answered (or closed) just as the deadline passed: take that.
-                rx.await
+                return answer.unwrap_or_else(|_| Err(self.closed_reason()));
             }
+            () = tokio::time::sleep_until(deadline) => (RpcFailure::TimedOut, "timed out"),
+            () = cancel.fired() => (RpcFailure::Cancelled, "cancelled by stop"),
         };
         guard.done = true;
-        match answer {
-            Ok(result) => result,
-            Err(_) => Err(self.closed_reason()),
+        let abandoned = match link.lock_pending().get_mut(&id) {
+            Some(waiter) => {
+                *waiter = Waiter::Abandoned(hold);
+                true
+            }
+            None => false,
+        };
+        if abandoned {
+            let params = serde_json::json!({"requestId": id, "reason": reason});
+            link.send(mcp::notification_line("notifications/cancelled", &params));
+            return Err(failure);
         }
+        // Answered (or closed) just as the call gave up: take that.
+        rx.await.unwrap_or_else(|_| Err(self.closed_reason()))
     }
 
     /// Registers a request and sends it: its id, where its answer will come,

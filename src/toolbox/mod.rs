@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 
+use crate::cancel::Cancel;
 use crate::child::{ExitInfo, RpcFailure};
 use crate::manifest::Manifest;
 use crate::mcp::RpcError;
@@ -59,6 +60,9 @@ pub enum CallError {
     /// So many calls wait for the toolbox already (`max_queued_calls` more
     /// than its slots) that this one was refused at once.
     Busy { waiting: usize },
+    /// A stop (`mycroft.stop`) for the caller's session cancelled it; the
+    /// child, if it had the call, was told to cancel it.
+    Cancelled,
 }
 /// A toolbox's lifecycle state (docs/operations.md, "What to do in each state").
 #[derive(Debug, Clone, PartialEq)]
@@ -392,12 +396,14 @@ impl ToolboxHandle {
     /// Runs one call of `tool` (arguments already validated) that arrived at
     /// `arrived`: waits for a serving child and a free slot on it, and returns
     /// the child's raw MCP result. Everything, the wait included, happens
-    /// within the tool's deadline counted from `arrived`.
+    /// within the tool's deadline counted from `arrived`, and ends early when
+    /// `cancel` fires.
     pub async fn call(
         &self,
         tool: &str,
         args: Value,
         arrived: Instant,
+        cancel: &mut Cancel,
     ) -> Result<Value, CallError> {
         let waiting = self.stats.in_flight.fetch_add(1, Ordering::Relaxed) as usize;
         let _count = InFlightCount(&self.stats);
@@ -413,7 +419,11 @@ impl ToolboxHandle {
             // found dead below is followed by the next one published.
             let mut changes: Vec<watch::Receiver<Slot>> =
                 self.replicas.iter().map(|r| r.slot.clone()).collect();
-            let slot = match self.take_slot(deadline).await {
+            let taken = tokio::select! {
+                taken = self.take_slot(deadline) => taken,
+                () = cancel.fired() => return Err(CallError::Cancelled),
+            };
+            let slot = match taken {
                 Ok(slot) => slot,
                 Err(None) => return Err(CallError::Timeout(limit)),
                 Err(Some(e)) => return Err(e),
@@ -424,9 +434,12 @@ impl ToolboxHandle {
                 // any call during a restart.
                 drop(slot);
                 let next = changes.iter_mut().map(|s| Box::pin(s.changed()));
-                match tokio::time::timeout_at(deadline, futures_util::future::select_all(next))
-                    .await
-                {
+                let next =
+                    tokio::time::timeout_at(deadline, futures_util::future::select_all(next));
+                match tokio::select! {
+                    next = next => next,
+                    () = cancel.fired() => return Err(CallError::Cancelled),
+                } {
                     Err(_) => return Err(CallError::Timeout(limit)),
                     Ok((Err(_), ..)) => return Err(CallError::Stopped),
                     Ok(_) => continue,
@@ -437,7 +450,7 @@ impl ToolboxHandle {
             // taken until the child answers anyway, or is gone.
             let outcome = serving
                 .session
-                .call_tool(tool, args, deadline, Box::new(slot))
+                .call_tool(tool, args, deadline, cancel, Box::new(slot))
                 .await;
             return match outcome {
                 Ok(result) => {
@@ -452,6 +465,7 @@ impl ToolboxHandle {
                     serving.answered();
                     Err(CallError::Rpc(e))
                 }
+                Err(RpcFailure::Cancelled) => Err(CallError::Cancelled),
                 Err(RpcFailure::Exited(exit)) => Err(CallError::Exited(exit)),
                 Err(RpcFailure::Broken(why)) => Err(CallError::Broken(why)),
             };

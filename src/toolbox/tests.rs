@@ -10,6 +10,7 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::{spawn, CallError, Publish, State, ToolboxHandle};
+use crate::cancel::Cancel;
 use crate::manifest::Manifest;
 use crate::tool::ToolSet;
 
@@ -91,7 +92,10 @@ async fn a_call_to_a_starting_toolbox_waits_for_the_child_within_its_deadline() 
         sink.clone(),
     );
     let arrived = Instant::now();
-    let result = handle.call("whoami", json!({}), arrived).await.unwrap();
+    let result = handle
+        .call("whoami", json!({}), arrived, &mut Cancel::never())
+        .await
+        .unwrap();
     assert!(arrived.elapsed() >= Duration::from_millis(500));
     assert_eq!(
         Some(ok_call(&result) as u32),
@@ -112,7 +116,9 @@ async fn the_wait_for_a_start_counts_against_the_call_deadline() {
         sink.clone(),
     );
     let arrived = Instant::now();
-    let answer = handle.call("whoami", json!({}), arrived).await;
+    let answer = handle
+        .call("whoami", json!({}), arrived, &mut Cancel::never())
+        .await;
     assert_eq!(answer, Err(CallError::Timeout(Duration::from_secs(1))));
     let took = arrived.elapsed();
     assert!(
@@ -144,7 +150,9 @@ async fn a_crash_loop_restarts_then_fails_and_calls_fail_at_once() {
         "{history:?}"
     );
     let started = Instant::now();
-    let answer = handle.call("ok", json!({}), Instant::now()).await;
+    let answer = handle
+        .call("ok", json!({}), Instant::now(), &mut Cancel::never())
+        .await;
     assert!(matches!(answer, Err(CallError::Failed(r)) if r == reason));
     assert!(started.elapsed() < Duration::from_secs(1));
 }
@@ -159,7 +167,12 @@ async fn stop_drains_the_call_in_flight_then_start_brings_a_new_child() {
         let handle = handle.clone();
         tokio::spawn(async move {
             handle
-                .call("slow_whoami", json!({"seconds": 0.5}), Instant::now())
+                .call(
+                    "slow_whoami",
+                    json!({"seconds": 0.5}),
+                    Instant::now(),
+                    &mut Cancel::never(),
+                )
                 .await
         })
     };
@@ -182,7 +195,9 @@ async fn stop_drains_the_call_in_flight_then_start_brings_a_new_child() {
     assert_eq!(ok_call(&slow.await.unwrap().unwrap()) as u32, first);
     assert_eq!(sink.history().last().map(String::as_str), Some("stopped"));
     assert_eq!(
-        handle.call("whoami", json!({}), Instant::now()).await,
+        handle
+            .call("whoami", json!({}), Instant::now(), &mut Cancel::never())
+            .await,
         Err(CallError::Stopped)
     );
     assert!(!alive(first));
@@ -191,7 +206,9 @@ async fn stop_drains_the_call_in_flight_then_start_brings_a_new_child() {
     let second = handle.pids()[0];
     assert_eq!(started, format!("started, pid {second}"));
     assert_ne!(first, second);
-    let result = handle.call("whoami", json!({}), Instant::now()).await;
+    let result = handle
+        .call("whoami", json!({}), Instant::now(), &mut Cancel::never())
+        .await;
     assert_eq!(ok_call(&result.unwrap()) as u32, second);
 }
 
@@ -207,7 +224,9 @@ async fn restart_swaps_children_without_a_failed_call() {
         outcome,
         format!("restarted: pid {first} -> {second}; pid {first} drains its calls")
     );
-    let result = handle.call("whoami", json!({}), Instant::now()).await;
+    let result = handle
+        .call("whoami", json!({}), Instant::now(), &mut Cancel::never())
+        .await;
     assert_eq!(ok_call(&result.unwrap()) as u32, second);
     assert_eq!(handle.stats().snapshot().restarts, 1);
     // Never anything but ready, so callers never waited.
@@ -231,7 +250,9 @@ async fn a_wedged_child_is_killed_and_replaced() {
     );
     sink.reach("ready").await;
     let first = handle.pids()[0];
-    let answer = handle.call("hang", json!({}), Instant::now()).await;
+    let answer = handle
+        .call("hang", json!({}), Instant::now(), &mut Cancel::never())
+        .await;
     assert_eq!(answer, Err(CallError::Timeout(Duration::from_secs(1))));
     let State::Restarting { last_exit } = sink.reach("restarting").await else {
         unreachable!()

@@ -164,7 +164,9 @@ async fn a_call_past_its_deadline_is_cancelled_and_holds_its_slot_until_the_late
     let hold = Box::new(DropFlag(released.clone()));
     let call = tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
-        rpc.request_until("slow", json!({}), deadline, hold).await
+        let mut never = crate::cancel::Cancel::never();
+        rpc.request_until("slow", json!({}), deadline, &mut never, hold)
+            .await
     });
     let request = child.receive().await;
     assert_eq!(result(call).await, Err(RpcFailure::TimedOut));
@@ -185,6 +187,40 @@ async fn a_call_past_its_deadline_is_cancelled_and_holds_its_slot_until_the_late
     .await;
     assert_eq!(child.rpc.in_flight(), 0);
     assert_eq!(child.kills(), 0);
+}
+
+#[tokio::test]
+async fn a_stop_cancels_the_call_on_the_child_and_holds_its_slot_until_it_answers() {
+    let mut child = start(64 * 1024, 64 * 1024);
+    let released = Arc::new(AtomicBool::new(false));
+    let rpc = child.rpc.clone();
+    let hold = Box::new(DropFlag(released.clone()));
+    let in_flight = Arc::new(crate::cancel::InFlight::default());
+    let calls = in_flight.clone();
+    let call = tokio::spawn(async move {
+        let (mut cancel, _place) = calls.register(Some("kitchen"));
+        let deadline = tokio::time::Instant::now() + SOON;
+        rpc.request_until("slow", json!({}), deadline, &mut cancel, hold)
+            .await
+    });
+    let request = child.receive().await;
+    assert_eq!(in_flight.stop(Some("bedroom")), 0, "another session's stop");
+    assert_eq!(in_flight.stop(Some("kitchen")), 1);
+    assert_eq!(result(call).await, Err(RpcFailure::Cancelled));
+    let cancelled = child.receive().await;
+    assert_eq!(cancelled["method"], "notifications/cancelled");
+    assert_eq!(cancelled["params"]["requestId"], request["id"]);
+    assert_eq!(cancelled["params"]["reason"], "cancelled by stop");
+    assert!(
+        !released.load(Ordering::SeqCst),
+        "released before the child answered"
+    );
+    child.answer(&request["id"], json!("late")).await;
+    until("the late answer releases the slot", || {
+        released.load(Ordering::SeqCst)
+    })
+    .await;
+    assert_eq!(child.rpc.in_flight(), 0);
 }
 
 #[tokio::test]
