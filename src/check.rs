@@ -1,5 +1,6 @@
 //! `toolboxd check`: validate manifests, and with `--probe` start each child,
-//! list its tools, compile their schemas and stop it.
+//! list its tools, compile their schemas and stop it (caching the tool list
+//! of lazy and idle toolboxes, as the daemon would).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -71,6 +72,11 @@ async fn probe_one(m: &Manifest) -> Result<String, Vec<String>> {
     launched.child.stop(Duration::from_secs(2)).await;
     if !launched.left_out.is_empty() {
         return Err(launched.left_out);
+    }
+    if m.start.on_demand() {
+        // What the daemon lists a lazy or idle toolbox from.
+        let version = launched.session.era().version();
+        crate::catalog_cache::store(m, version, &launched.specs);
     }
     let names: Vec<&str> = launched.tools.iter().map(|t| t.name.as_str()).collect();
     Ok(format!(

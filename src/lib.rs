@@ -22,6 +22,8 @@
 //! - [`supervisor`]: the set of toolbox actors; manifest reload as a diff.
 //! - [`toolbox`]: one actor per toolbox; where a child is started, probed,
 //!   restarted and stopped, and where calls wait for a child.
+//! - [`catalog_cache`]: the tool lists of lazy and idle toolboxes on disk,
+//!   so they are listed with no process running.
 //! - [`launch`]: one way to start a child: spawn, era, tools (for `run` and
 //!   `check --probe` alike).
 //! - [`session`]: the MCP conversation with one child (era, tools, calls).
@@ -48,6 +50,7 @@ pub mod answers;
 pub mod bus;
 pub mod caller;
 pub mod cancel;
+pub mod catalog_cache;
 pub mod cgroup;
 pub mod check;
 pub mod child;

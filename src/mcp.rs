@@ -240,6 +240,21 @@ pub fn parse_tools_page(result: &Value) -> (Vec<Result<ToolSpec, String>>, Optio
     (specs, cursor)
 }
 
+/// `spec` as an MCP `Tool` object: what [`parse_tools_page`] reads back.
+pub fn tool_definition(spec: &ToolSpec) -> Value {
+    let mut tool = serde_json::Map::new();
+    tool.insert("name".to_owned(), Value::String(spec.name.clone()));
+    tool.insert(
+        "description".to_owned(),
+        Value::String(spec.description.clone()),
+    );
+    tool.insert("inputSchema".to_owned(), spec.input_schema.clone());
+    if let Some(output) = &spec.output_schema {
+        tool.insert("outputSchema".to_owned(), output.clone());
+    }
+    Value::Object(tool)
+}
+
 /// `value` as JSON text fit for one log line: JSON escapes the C0 controls
 /// in strings; DEL and the C1 controls (a terminal may take U+009B for an
 /// escape) are escaped here too, as `\u00XX`, so the text stays JSON.

@@ -413,6 +413,7 @@ pub fn status(catalog: &Catalog) -> Value {
                 "last_exit": s.last_exit,
                 "era": s.era,
                 "sandbox": s.sandbox,
+                "cold_start_ms": ms(s.cold_start),
                 "uptime_s": entry.handle.uptime().map(|u| u.as_secs()),
                 "calls_ok": s.calls_ok,
                 "calls_err": s.calls_err,

@@ -36,9 +36,14 @@ impl Entry {
         self.admitted && !matches!(self.state, State::Stopped | State::Conflict { .. })
     }
 
-    /// Listed on discover and the flat namespace: hosted, and `ready` or `restarting`.
+    /// Listed on discover and the flat namespace: hosted, and `ready`,
+    /// `idle` or `restarting`.
     pub fn is_listed(&self) -> bool {
-        self.admitted && matches!(self.state, State::Ready | State::Restarting { .. })
+        self.admitted
+            && matches!(
+                self.state,
+                State::Ready | State::Idle | State::Restarting { .. }
+            )
     }
 }
 
@@ -49,6 +54,8 @@ pub struct Catalog {
     entries: BTreeMap<String, Entry>,
     /// Flat namespace over listed toolboxes: tool name → owning toolbox ids.
     owners: HashMap<String, Vec<String>>,
+    /// `prewarm_on` topics of listed toolboxes → their ids.
+    prewarm: HashMap<String, Vec<String>>,
     /// Every listed tool definition as one JSON array, serialized on first
     /// use: `ovos.tools.list` then costs a copy, not a walk of every schema.
     definitions_json: std::sync::OnceLock<String>,
@@ -67,7 +74,11 @@ pub enum Resolved<'a> {
 impl Catalog {
     fn build(entries: BTreeMap<String, Entry>) -> Catalog {
         let mut owners: HashMap<String, Vec<String>> = HashMap::new();
+        let mut prewarm: HashMap<String, Vec<String>> = HashMap::new();
         for (id, entry) in entries.iter().filter(|(_, e)| e.is_listed()) {
+            for topic in entry.handle.prewarm_topics() {
+                prewarm.entry(topic).or_default().push(id.clone());
+            }
             for tool in entry.tools.iter() {
                 owners
                     .entry(tool.name.clone())
@@ -78,6 +89,7 @@ impl Catalog {
         Catalog {
             entries,
             owners,
+            prewarm,
             definitions_json: std::sync::OnceLock::new(),
         }
     }
@@ -111,6 +123,15 @@ impl Catalog {
             Some(ids) if ids.len() > 1 => Resolved::Ambiguous(ids),
             _ => Resolved::Unknown,
         }
+    }
+
+    /// The listed toolboxes a bus message of `topic` prewarms.
+    pub fn prewarmed_by(&self, topic: &str) -> impl Iterator<Item = &Entry> {
+        self.prewarm
+            .get(topic)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.entries.get(id))
     }
 
     /// How many tools are listed.

@@ -168,7 +168,9 @@ impl Service {
             self.peers.note(frame);
             return;
         }
-        let Some(topic) = route(&topic) else { return };
+        let Some(topic) = route(&topic) else {
+            return self.prewarm(&topic);
+        };
         if !self.flat
             && matches!(
                 topic,
@@ -197,6 +199,22 @@ impl Service {
         };
         let service = self.clone();
         tokio::spawn(async move { service.handle(topic, request, arrived).await });
+    }
+
+    /// Starts the idle toolboxes that asked to be started by a message of
+    /// `topic` (`[start] prewarm_on`), ahead of their first call. Answers
+    /// (`*.response`) never prewarm, so the daemon's own traffic costs no
+    /// catalog lookup.
+    fn prewarm(&self, topic: &str) {
+        if topic.ends_with(".response") {
+            return;
+        }
+        for entry in self.registry.snapshot().prewarmed_by(topic) {
+            if entry.state == State::Idle {
+                tracing::debug!(toolbox = entry.handle.id(), topic, "prewarming");
+                entry.handle.prewarm();
+            }
+        }
     }
 
     /// Logs a dropped frame, within [`MALFORMED_PER_SECOND`].

@@ -78,3 +78,162 @@ async fn the_global_stop_cancels_its_sessions_calls_and_not_anothers() {
     let r = bus.call("fixture", "add", json!({"a": 1, "b": 2})).await;
     assert_eq!(r["result"]["result"], 3, "{r}");
 }
+
+/// A toolbox script in `dir` with one tool per name, each answering
+/// `{"tool": name}`; `lazy.toml` runs it with `start` as its `[start]` table.
+fn lazy_toolbox(dir: &TempDir, tools: &[&str], start: &str) {
+    let mut script = format!(
+        "import sys\nsys.path.insert(0, {:?})\nfrom mcp_toolbox import Toolbox\nbox = Toolbox(\"lazy\")\n",
+        repo("examples/python")
+    );
+    for name in tools {
+        script.push_str(&format!(
+            "\n@box.tool(name={name:?}, input_schema={{\"type\": \"object\"}})\ndef t_{name}():\n    \"\"\"{name}\"\"\"\n    return {{\"tool\": {name:?}}}\n"
+        ));
+    }
+    script.push_str("\nbox.run()\n");
+    dir.write("lazy_box.py", &script);
+    dir.write(
+        "lazy.toml",
+        &format!(
+            "id = \"lazy\"\ncommand = \"python3\"\nargs = [\"lazy_box.py\"]\n\
+             [sandbox]\nread_only = [{:?}]\n[start]\n{start}\n",
+            repo("examples/python")
+        ),
+    );
+}
+
+/// A daemon on `manifests` keeping its state (the catalog cache) in `state`.
+fn daemon_with_state(manifests: &TempDir, state: &TempDir) -> Daemon {
+    Daemon::start_env(
+        &[
+            "--manifests",
+            manifests.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ],
+        &[("STATE_DIRECTORY", state.path().to_str().unwrap())],
+    )
+}
+
+/// The tool names `ovos.tools.list` shows.
+async fn listed(bus: &mut Bus) -> Vec<String> {
+    let answer = bus.request("ovos.tools.list", json!({})).await;
+    let mut names: Vec<String> = answer["data"]["tools"]
+        .as_array()
+        .expect("a tool list")
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn a_lazy_toolbox_is_listed_with_no_process_and_its_first_call_starts_it() {
+    let dir = TempDir::new("lazy");
+    let state = TempDir::new("lazy-state");
+    lazy_toolbox(&dir, &["ping"], "mode = \"lazy\"");
+
+    // Never seen before: started once to list its tools, then stopped.
+    let mut daemon = daemon_with_state(&dir, &state);
+    assert_eq!(daemon.log_lines_with("starting it once to list").len(), 1);
+    let row = daemon.wait_for_state("lazy", "idle", Duration::from_secs(10));
+    assert_eq!(row["pids"], json!([]), "{row}");
+    assert!(state.path().join(".catalog/lazy.json").is_file());
+    daemon.stop();
+
+    // Seen before: listed from the cache, no child at all.
+    let daemon = daemon_with_state(&dir, &state);
+    let row = daemon.status("lazy");
+    assert_eq!(
+        (row["state"].as_str(), &row["pids"]),
+        (Some("idle"), &json!([])),
+        "{row}"
+    );
+    assert!(
+        daemon.log_lines_with("child spawned").is_empty(),
+        "no child was started"
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(listed(&mut bus).await, ["ping"]);
+    // The first call starts the child and is answered by it.
+    let answer = bus
+        .request("ovos.tools.invoke", json!({"name": "ping"}))
+        .await;
+    // (No output schema: the text content, as OVOS-TOOLS-1 maps it.)
+    let content = &answer["data"]["result"]["content"];
+    assert_eq!(content, r#"{"tool": "ping"}"#, "{answer}");
+    let row = daemon.status("lazy");
+    assert_eq!(row["state"], "ready", "{row}");
+    assert_eq!(row["pids"].as_array().map(Vec::len), Some(1), "{row}");
+    assert!(
+        row["cold_start_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+        "{row}"
+    );
+}
+
+#[tokio::test]
+async fn a_changed_script_invalidates_the_cached_catalog() {
+    let dir = TempDir::new("lazy-changed");
+    let state = TempDir::new("lazy-changed-state");
+    lazy_toolbox(&dir, &["ping"], "mode = \"lazy\"");
+    let mut daemon = daemon_with_state(&dir, &state);
+    daemon.wait_for_state("lazy", "idle", Duration::from_secs(10));
+    daemon.stop();
+
+    lazy_toolbox(&dir, &["ping", "pong"], "mode = \"lazy\"");
+    let daemon = daemon_with_state(&dir, &state);
+    assert_eq!(
+        daemon.log_lines_with("starting it once to list").len(),
+        1,
+        "the changed script is probed again"
+    );
+    daemon.wait_for_state("lazy", "idle", Duration::from_secs(10));
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(listed(&mut bus).await, ["ping", "pong"]);
+}
+
+#[tokio::test]
+async fn idle_stop_s_stops_an_unused_child_and_the_next_call_starts_another() {
+    let dir = TempDir::new("idle");
+    dir.write(
+        "fixture.toml",
+        &fixture_manifest("fixture", "[start]\nidle_stop_s = 1\n"),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    // A call running longer than idle_stop_s keeps its child.
+    let slow = bus
+        .call("fixture", "slow_whoami", json!({"seconds": 2.0}))
+        .await;
+    let first = slow["result"]["pid"].as_u64().expect("a pid");
+    let row = daemon.wait_for_state("fixture", "idle", Duration::from_secs(10));
+    assert_eq!(row["pids"], json!([]), "{row}");
+    assert!(!daemon.log_lines_with("no call for idle_stop_s").is_empty());
+    // Still listed, and the next call gets a new child.
+    let answer = bus.call("fixture", "whoami", json!({})).await;
+    let second = answer["result"]["pid"].as_u64().expect("a pid");
+    assert_ne!(first, second, "a new child");
+}
+
+#[tokio::test]
+async fn a_prewarm_topic_starts_an_idle_toolbox_ahead_of_its_first_call() {
+    let dir = TempDir::new("prewarm");
+    let state = TempDir::new("prewarm-state");
+    lazy_toolbox(
+        &dir,
+        &["ping"],
+        "mode = \"lazy\"\nprewarm_on = [\"recognizer_loop:wakeword\"]",
+    );
+    let daemon = daemon_with_state(&dir, &state);
+    daemon.wait_for_state("lazy", "idle", Duration::from_secs(10));
+    let mut bus = Bus::connect(&daemon.url).await;
+    bus.send("recognizer_loop:record_begin", json!({}), json!({}))
+        .await;
+    bus.send("recognizer_loop:wakeword", json!({}), json!({}))
+        .await;
+    let row = daemon.wait_for_state("lazy", "ready", Duration::from_secs(10));
+    assert_eq!(row["pids"].as_array().map(Vec::len), Some(1), "{row}");
+    assert_eq!(row["calls_ok"], 0, "started before any call");
+}

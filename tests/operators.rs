@@ -88,7 +88,7 @@ async fn status_shows_every_column_as_table_and_json() {
         "era": "modern MCP 2026-07-28", "tools": 4, "restarts": 0, "last_exit": null,
         "calls_ok": 5, "calls_err": 1, "in_flight": 0, "conflict": null,
     });
-    for key in ["uptime_s", "p50_ms", "p99_ms", "sandbox"] {
+    for key in ["uptime_s", "p50_ms", "p99_ms", "sandbox", "cold_start_ms"] {
         expected[key] = row[key].clone();
     }
     assert_eq!(row, expected);

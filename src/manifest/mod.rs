@@ -63,6 +63,8 @@ pub struct Manifest {
     pub restart: Restart,
     /// Per-call and per-child bounds.
     pub limits: Limits,
+    /// When the child runs: from the start, or on demand.
+    pub start: Start,
 }
 
 /// Restart policy knobs (`[restart]` in docs/manifest.md).
@@ -185,6 +187,8 @@ struct RawManifest {
     restart: Restart,
     #[serde(default)]
     limits: Limits,
+    #[serde(default)]
+    start: Start,
 }
 
 fn default_true() -> bool {
@@ -352,6 +356,9 @@ impl Manifest {
             ));
         }
 
+        raw.start
+            .check()
+            .map_err(|(key, message)| err(key_line(key), message))?;
         let sandbox = raw
             .sandbox
             .validate(&dir, raw.limits.max_concurrent_calls)
@@ -372,6 +379,7 @@ impl Manifest {
             sandbox,
             restart: raw.restart,
             limits: raw.limits,
+            start: raw.start,
         })
     }
 }
@@ -577,8 +585,10 @@ pub fn load_dirs(dirs: &[PathBuf]) -> ManifestSet {
 }
 
 mod sandbox;
+mod start;
 use sandbox::RawSandbox;
 pub use sandbox::{Network, Profile, Sandbox, DEFAULT_ENV_PASS, NEVER_PASSED, SANDBOX_RANGES};
+pub use start::{Start, StartMode, MAX_IDLE_STOP_S, MAX_PREWARM_TOPICS};
 
 #[cfg(test)]
 mod tests;

@@ -64,6 +64,8 @@ enum Mode {
     },
     /// Stopped by an operator or by `enabled = false`.
     Stopped,
+    /// No child until a call or a prewarm topic asks for one (`[start]`).
+    Idle,
 }
 
 /// What callers and status are shown: a [`Mode`], or `Starting` while a child
@@ -72,6 +74,10 @@ enum Mode {
 enum View<'a> {
     Starting,
     Serving(&'a Arc<Serving>),
+    Idle,
+    /// A child starts for an idle toolbox: still listed (as `idle`), and
+    /// callers wait for the child.
+    Waking,
     Restarting(&'a str),
     Failed(&'a str),
     Stopped,
@@ -84,6 +90,7 @@ impl Mode {
             Mode::Backoff { last_exit, .. } => View::Restarting(last_exit),
             Mode::Failed { reason, .. } => View::Failed(reason),
             Mode::Stopped => View::Stopped,
+            Mode::Idle => View::Idle,
         }
     }
 }
@@ -104,6 +111,10 @@ enum Event {
     RefreshDue,
     /// The backoff delay or the failed cool-down is over.
     Timer,
+    /// A caller or a prewarm topic asks an idle toolbox for a child.
+    Wake,
+    /// The serving child may have been idle for `idle_stop_s`.
+    IdleCheck,
 }
 
 pub(super) struct Actor {
@@ -117,6 +128,8 @@ pub(super) struct Actor {
     out: Outbox,
     /// The mailbox.
     commands: mpsc::Receiver<Command>,
+    /// Rung by a caller (or a prewarm topic) that finds the toolbox idle.
+    wake: Arc<tokio::sync::Notify>,
     /// Counters shared with handles.
     stats: Arc<Stats>,
     /// The protocol version to use without probing: the manifest's pin, or what
@@ -137,6 +150,7 @@ impl Actor {
         index: usize,
         out: Outbox,
         commands: mpsc::Receiver<Command>,
+        wake: Arc<tokio::sync::Notify>,
         stats: Arc<Stats>,
     ) -> Actor {
         Actor {
@@ -146,6 +160,7 @@ impl Actor {
             index,
             out,
             commands,
+            wake,
             stats,
             last_specs: None,
             last_refresh: None,
@@ -176,6 +191,8 @@ impl Actor {
                 Slot::Failed(reason.to_owned()),
             ),
             View::Stopped => (State::Stopped, Slot::Stopped),
+            View::Idle => (State::Idle, Slot::Idle),
+            View::Waking => (State::Idle, Slot::Waiting),
         };
         self.publisher.publish(self.index, state, tools);
         let _ = self.out.slot.send(slot);
@@ -191,7 +208,7 @@ impl Actor {
     /// until every handle is gone.
     pub(super) async fn run(mut self) {
         let mut mode = if self.manifest.enabled {
-            self.start(None).await
+            self.begin(None).await
         } else {
             self.stopped()
         };
@@ -253,8 +270,97 @@ impl Actor {
                     }
                     _ => self.start(None).await,
                 },
+                Event::Wake => match mode {
+                    Mode::Idle => {
+                        tracing::info!(toolbox = self.id(), "starting a child for an idle toolbox");
+                        self.show(View::Waking, None);
+                        self.start(None).await
+                    }
+                    other => other,
+                },
+                Event::IdleCheck => match mode {
+                    Mode::Serving(running) => self.idle_check(running).await,
+                    other => other,
+                },
             };
         }
+    }
+
+    /// Stops the serving child if no call has used it for its idle limit;
+    /// the toolbox stays listed, as `idle`.
+    async fn idle_check(&mut self, mut running: Running) -> Mode {
+        let Some(limit) = running.idle_stop else {
+            return Mode::Serving(running);
+        };
+        let serving = &running.serving;
+        if serving.busy() || serving.last_active().elapsed() < limit {
+            return Mode::Serving(running);
+        }
+        // A wake rung before now came from a caller that found the last
+        // child idle, and was answered by this one: forget it. (Callers
+        // ring only once they see the slot idle, which is published next.)
+        let _ = futures_util::FutureExt::now_or_never(self.wake.notified());
+        running.idle_stop = None;
+        let pid = running.child.pid();
+        tracing::info!(
+            toolbox = self.id(),
+            pid,
+            idle_s = limit.as_secs(),
+            "no call for idle_stop_s; stopping the child (the next call starts one)"
+        );
+        self.show(View::Idle, None);
+        drain_and_stop(running, &self.manifest).await;
+        Mode::Idle
+    }
+
+    /// The first start, or a start into a changed manifest: a lazy toolbox
+    /// is listed from its cached catalog and starts no child (without a
+    /// cache, one child is started to list its tools, and stopped as soon
+    /// as no call uses it); any other starts its child.
+    async fn begin(&mut self, reply: Option<Reply>) -> Mode {
+        if self.manifest.start.mode != crate::manifest::StartMode::Lazy {
+            return self.start(reply).await;
+        }
+        if let Some(mode) = self.list_from_cache() {
+            if let Some(reply) = reply {
+                let _ = reply.send(Ok(
+                    "idle: listed from its cached catalog; its first call starts it".to_owned(),
+                ));
+            }
+            return mode;
+        }
+        tracing::info!(
+            toolbox = self.id(),
+            "lazy toolbox with no cached catalog: starting it once to list its tools"
+        );
+        match self.start(reply).await {
+            Mode::Serving(mut running) => {
+                running.idle_stop = Some(Duration::ZERO);
+                Mode::Serving(running)
+            }
+            other => other,
+        }
+    }
+
+    /// Lists the toolbox from its cached catalog, idle; `None` when no
+    /// cache holds for this manifest (or its tools no longer compile).
+    fn list_from_cache(&mut self) -> Option<Mode> {
+        let cached = crate::catalog_cache::load(&self.manifest)?;
+        let (tools, rejected) = ToolSet::compile(&self.manifest.id, cached.tools.clone());
+        if !rejected.is_empty() || tools.fits_on_the_bus().is_err() {
+            return None;
+        }
+        tracing::info!(
+            toolbox = self.id(),
+            tools = tools.len(),
+            "lazy toolbox listed from its cached catalog; no child until its first call"
+        );
+        if self.manifest.protocol.is_none() {
+            self.pin = Some(cached.version);
+        }
+        self.last_specs = Some(cached.tools);
+        self.show(View::Idle, Some(Arc::new(tools)));
+        Some(Mode::Idle)
     }
 
     /// Waits for what the actor must act on next in `mode`.
@@ -268,6 +374,24 @@ impl Actor {
             Mode::Serving(r) => r.refresh_due,
             _ => None,
         };
+        let idle_check = match &*mode {
+            Mode::Serving(r) => r.idle_stop.map(|limit| {
+                let serving = r.serving.clone();
+                async move {
+                    // Registered before `busy` is read, so a slot given back
+                    // in between still wakes it.
+                    let settled = serving.settled.notified();
+                    if serving.busy() {
+                        settled.await;
+                    } else {
+                        let due = tokio::time::Instant::from_std(serving.last_active() + limit);
+                        tokio::time::sleep_until(due).await;
+                    }
+                }
+            }),
+            _ => None,
+        };
+        let wake = matches!(mode, Mode::Idle).then(|| self.wake.notified());
         let (child, events, serving, probe) = match mode {
             Mode::Serving(r) => (
                 Some(&r.child),
@@ -284,6 +408,8 @@ impl Actor {
             _ = or_never(probe.map(tokio::time::Interval::tick)) => Event::Probe,
             _ = or_never(timer.map(tokio::time::sleep_until)) => Event::Timer,
             _ = or_never(refresh_due.map(tokio::time::sleep_until)) => Event::RefreshDue,
+            _ = or_never(idle_check) => Event::IdleCheck,
+            _ = or_never(wake) => Event::Wake,
             command = self.commands.recv() => Event::Command(command),
         }
     }
@@ -310,7 +436,7 @@ impl Actor {
                         self.show(View::Stopped, None);
                         "stopped (it was waiting to restart)".to_owned()
                     }
-                    Mode::Failed { .. } | Mode::Stopped => {
+                    Mode::Failed { .. } | Mode::Stopped | Mode::Idle => {
                         self.show(View::Stopped, None);
                         "stopped".to_owned()
                     }
@@ -352,6 +478,10 @@ impl Actor {
                 let _ = done.send(outcome);
                 Mode::Serving(running)
             }
+            (Command::Reconfigure { manifest, done }, Mode::Idle) => {
+                self.adopt(*manifest);
+                self.begin(Some(done)).await
+            }
             (Command::Reconfigure { manifest, done }, mode) => {
                 self.adopt(*manifest);
                 self.start_now(mode, done).await
@@ -362,9 +492,13 @@ impl Actor {
     /// Starts a child at an operator's request, skipping a backoff; from
     /// stopped or failed the restart budget starts afresh.
     async fn start_now(&mut self, mode: Mode, done: Reply) -> Mode {
-        if !matches!(mode, Mode::Backoff { .. }) {
-            self.budget.reset();
-            self.show(View::Starting, None);
+        match mode {
+            Mode::Backoff { .. } => {}
+            Mode::Idle => self.show(View::Waking, None),
+            _ => {
+                self.budget.reset();
+                self.show(View::Starting, None);
+            }
         }
         self.start(Some(done)).await
     }
@@ -372,8 +506,10 @@ impl Actor {
     /// Starts a child; answers the operator's command, if any, once it serves
     /// or failed.
     async fn start(&mut self, reply: Option<Reply>) -> Mode {
+        let began = Instant::now();
         match self.launch().await {
             Ok(launched) => {
+                self.stats.set_cold_start(began.elapsed());
                 let running = self.promote(launched);
                 if let Some(reply) = reply {
                     let _ = reply.send(Ok(format!("started, pid {}", running.child.pid())));
@@ -404,6 +540,10 @@ impl Actor {
                     );
                 }
                 self.last_specs = Some(launched.specs.clone());
+                if self.manifest.start.on_demand() {
+                    let version = launched.session.era().version();
+                    crate::catalog_cache::store(&self.manifest, version, &launched.specs);
+                }
                 Ok(launched)
             }
             Err(failed) => {
@@ -429,6 +569,7 @@ impl Actor {
             answers: std::sync::atomic::AtomicU64::new(0),
             max_timeouts_in_a_row: limits.max_timeouts_in_a_row,
             wedged: tokio::sync::Notify::new(),
+            last_active: std::sync::atomic::AtomicU64::new(0),
         });
         let every = Duration::from_secs(limits.probe_interval_s);
         tracing::info!(
@@ -453,6 +594,8 @@ impl Actor {
             missed: 0,
             killed_for: None,
             refresh_due: None,
+            idle_stop: (self.manifest.start.idle_stop_s > 0)
+                .then(|| Duration::from_secs(self.manifest.start.idle_stop_s)),
         }
     }
 
@@ -546,6 +689,10 @@ impl Actor {
                 problems.extend(rejected);
                 for problem in problems {
                     tracing::warn!(toolbox = self.id(), "tool left out: {problem}");
+                }
+                if self.manifest.start.on_demand() {
+                    let version = running.serving.session.era().version();
+                    crate::catalog_cache::store(&self.manifest, version, &specs);
                 }
                 self.last_specs = Some(specs);
                 let tools = Arc::new(tools);

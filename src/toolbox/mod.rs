@@ -71,6 +71,10 @@ pub enum State {
     Starting,
     /// Serving calls.
     Ready,
+    /// No child (lazy before its first call, or stopped after `idle_stop_s`
+    /// without a call): listed from its last known tools; the next call
+    /// starts a child and waits for it.
+    Idle,
     /// The child exited; waiting out the backoff. Calls wait.
     Restarting { last_exit: String },
     /// The restart budget is spent (or the policy forbids a restart); calls
@@ -88,6 +92,7 @@ impl State {
         match self {
             State::Starting => "starting",
             State::Ready => "ready",
+            State::Idle => "idle",
             State::Restarting { .. } => "restarting",
             State::Failed { .. } => "failed",
             State::Stopped => "stopped",
@@ -120,9 +125,28 @@ struct Serving {
     max_timeouts_in_a_row: u32,
     /// Tells the actor the child is wedged: it kills and restarts it.
     wedged: tokio::sync::Notify,
+    /// When a call last took or gave back a slot, in microseconds after
+    /// `since`: the actor stops a child idle for `idle_stop_s`.
+    last_active: AtomicU64,
 }
 
 impl Serving {
+    /// A call took or gave back a slot: the child is not idle.
+    fn touch(&self) {
+        let now = self.since.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+        self.last_active.store(now, Ordering::Relaxed);
+    }
+
+    /// When a call last took or gave back a slot.
+    fn last_active(&self) -> Instant {
+        self.since + Duration::from_micros(self.last_active.load(Ordering::Relaxed))
+    }
+
+    /// Whether a call holds one of its slots.
+    fn busy(&self) -> bool {
+        self.permits.available_permits() < self.max_calls
+    }
+
     /// The child answered a call: it is not wedged.
     fn answered(&self) {
         self.answers.fetch_add(1, Ordering::Relaxed);
@@ -144,6 +168,8 @@ impl Serving {
 enum Slot {
     /// No child yet (starting or restarting): wait.
     Waiting,
+    /// No child until one is asked for: wake the actor, then wait.
+    Idle,
     /// This child serves.
     Serving(Arc<Serving>),
     /// Failed: answer at once with this reason.
@@ -178,6 +204,9 @@ struct Detail {
     era: Option<String>,
     /// What confines the serving child, mechanism by mechanism.
     sandbox: Vec<String>,
+    /// How long the last start took, spawn to tools listed: what the first
+    /// call to an idle toolbox waits.
+    cold_start: Option<Duration>,
     /// Durations of the latest calls, in microseconds.
     latencies: VecDeque<u32>,
 }
@@ -193,6 +222,8 @@ pub struct StatsSnapshot {
     pub era: Option<String>,
     /// What confines the serving child (`["off"]` when nothing does).
     pub sandbox: Vec<String>,
+    /// How long the last start took, spawn to tools listed.
+    pub cold_start: Option<Duration>,
     /// Median and 99th percentile of recent call latencies.
     pub p50: Option<Duration>,
     pub p99: Option<Duration>,
@@ -227,6 +258,10 @@ impl Stats {
         d.sandbox = sandbox;
     }
 
+    fn set_cold_start(&self, took: Duration) {
+        self.detail().cold_start = Some(took);
+    }
+
     fn set_last_exit(&self, text: String) {
         self.detail().last_exit = Some(text);
     }
@@ -250,6 +285,7 @@ impl Stats {
             last_exit: d.last_exit.clone(),
             era: d.era.clone(),
             sandbox: d.sandbox.clone(),
+            cold_start: d.cold_start,
             p50: pick(0.5),
             p99: pick(0.99),
         }
@@ -300,6 +336,7 @@ struct SlotHold(Arc<Serving>);
 
 impl Drop for SlotHold {
     fn drop(&mut self) {
+        self.0.touch();
         self.0.permits.add_permits(1);
         self.0.settled.notify_waiters();
     }
@@ -311,6 +348,9 @@ struct Replica {
     commands: mpsc::Sender<Command>,
     /// Which child serves its calls, published by the actor.
     slot: watch::Receiver<Slot>,
+    /// Rung when a caller (or a prewarm topic) finds the replica idle: the
+    /// actor starts a child.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 /// What callers are held to, from the manifest's `[limits]` (a reload may
@@ -326,6 +366,8 @@ struct CallLimits {
     admitted: usize,
     /// `max_argument_bytes`: larger arguments are refused unread.
     max_argument_bytes: usize,
+    /// `[start] prewarm_on`: bus topics that wake an idle toolbox.
+    prewarm_on: Vec<String>,
 }
 
 impl CallLimits {
@@ -337,6 +379,7 @@ impl CallLimits {
             admitted: limits.max_concurrent_calls * manifest.instances.max(1)
                 + limits.max_queued_calls,
             max_argument_bytes: limits.max_argument_bytes,
+            prewarm_on: manifest.start.prewarm_on.clone(),
         })
     }
 
@@ -491,7 +534,10 @@ impl ToolboxHandle {
                 .map(|permit| permit.map(|p| p.forget()));
             match acquired {
                 // Given back by SlotHold's drop.
-                Ok(Ok(())) => return Ok(SlotHold(serving)),
+                Ok(Ok(())) => {
+                    serving.touch();
+                    return Ok(SlotHold(serving));
+                }
                 Ok(Err(_closed)) => continue,
                 // Every slot stayed taken for the whole wait. Only if the
                 // child answered nothing in that time does it count against
@@ -507,7 +553,8 @@ impl ToolboxHandle {
     }
 
     /// Waits for a serving child — the least busy one when several serve —
-    /// or the reason there will be none.
+    /// or the reason there will be none. With every replica idle, the first
+    /// is woken.
     async fn serving(&self) -> Result<Arc<Serving>, CallError> {
         let mut slots: Vec<watch::Receiver<Slot>> =
             self.replicas.iter().map(|r| r.slot.clone()).collect();
@@ -515,7 +562,8 @@ impl ToolboxHandle {
             let mut best: Option<Arc<Serving>> = None;
             let mut failed = None;
             let mut waiting = false;
-            for slot in &mut slots {
+            let mut idle = None;
+            for (i, slot) in slots.iter_mut().enumerate() {
                 match &*slot.borrow_and_update() {
                     Slot::Serving(s) => {
                         if best.as_ref().is_none_or(|b| {
@@ -526,11 +574,16 @@ impl ToolboxHandle {
                     }
                     Slot::Failed(reason) => failed = failed.or(Some(reason.clone())),
                     Slot::Waiting => waiting = true,
+                    Slot::Idle => idle = idle.or(Some(i)),
                     Slot::Stopped => {}
                 }
             }
             if let Some(serving) = best {
                 return Ok(serving);
+            }
+            if let (Some(i), false) = (idle, waiting) {
+                self.replicas[i].wake.notify_one();
+                waiting = true;
             }
             if !waiting {
                 return Err(failed.map_or(CallError::Stopped, CallError::Failed));
@@ -643,6 +696,22 @@ impl ToolboxHandle {
     pub fn instances(&self) -> usize {
         self.replicas.len()
     }
+
+    /// Its `[start] prewarm_on` topics.
+    pub fn prewarm_topics(&self) -> Vec<String> {
+        self.limits.borrow().prewarm_on.clone()
+    }
+
+    /// Starts a child ahead of the first call if every replica is idle (a
+    /// `prewarm_on` topic was heard).
+    pub fn prewarm(&self) {
+        let idle = |r: &Replica| matches!(&*r.slot.borrow(), Slot::Idle);
+        if self.replicas.iter().all(idle) {
+            if let Some(first) = self.replicas.first() {
+                first.wake.notify_one();
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -655,6 +724,7 @@ impl ToolboxHandle {
             tools: BTreeMap::new(),
             admitted: 8,
             max_argument_bytes: 1 << 20,
+            prewarm_on: Vec::new(),
         }));
         ToolboxHandle {
             id: id.into(),
@@ -677,9 +747,11 @@ pub fn spawn(manifest: Manifest, sink: Arc<dyn Publish>) -> ToolboxHandle {
     for index in 0..instances {
         let (commands_tx, commands) = mpsc::channel(64);
         let (slot_tx, slot_rx) = watch::channel(Slot::Waiting);
+        let wake = Arc::new(tokio::sync::Notify::new());
         replicas.push(Replica {
             commands: commands_tx,
             slot: slot_rx,
+            wake: wake.clone(),
         });
         actors.push(actor::Actor::new(
             manifest.clone(),
@@ -690,6 +762,7 @@ pub fn spawn(manifest: Manifest, sink: Arc<dyn Publish>) -> ToolboxHandle {
                 limits: limits_tx.clone(),
             },
             commands,
+            wake,
             stats.clone(),
         ));
     }

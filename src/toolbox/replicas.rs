@@ -19,7 +19,8 @@ pub(super) struct Publisher {
 /// How good a state is for serving: the toolbox shows its best replica's.
 fn rank(state: &State) -> u8 {
     match state {
-        State::Ready => 5,
+        State::Ready => 6,
+        State::Idle => 5,
         State::Restarting { .. } => 4,
         State::Starting => 3,
         State::Failed { .. } => 2,

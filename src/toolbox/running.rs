@@ -34,6 +34,9 @@ pub(super) struct Running {
     /// When to list its tools again, if it said they changed too soon
     /// after the last listing.
     pub(super) refresh_due: Option<tokio::time::Instant>,
+    /// Stop it after this long without a call (`[start] idle_stop_s`; zero
+    /// for the one listing start of a lazy toolbox with no cached catalog).
+    pub(super) idle_stop: Option<Duration>,
 }
 
 /// A child that went down, as the restart policy and the failure report need it.

@@ -1,0 +1,137 @@
+//! The tool lists of lazy and idle toolboxes, cached on disk, so that such a
+//! toolbox is listed with no process running (DESIGN §3 `[start]`).
+//!
+//! One file per toolbox, `<state root>/.catalog/<id>.json` (no toolbox id
+//! starts with a dot, so no toolbox's state directory can be this one). An
+//! entry holds for as long as what defines the toolbox is unchanged: its
+//! command, arguments, environment, working directory and pinned protocol,
+//! and the size and modification time of its executable and of every
+//! argument that names a file (its script). Anything else — a changed
+//! script, an unreadable or corrupt file — is a miss, and the toolbox is
+//! probed again. The file is written whole and renamed into place.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::manifest::Manifest;
+use crate::mcp::{self, ToolSpec};
+
+/// Largest cache file read back (a tool list may take at most half a bus
+/// message, so a larger file is not one of ours).
+const MAX_FILE_BYTES: u64 = crate::bus::MAX_FRAME_BYTES as u64;
+
+/// A toolbox's cached tool list.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cached {
+    /// The MCP version its child spoke (so the next start need not probe).
+    pub version: String,
+    /// Its tools as listed.
+    pub tools: Vec<ToolSpec>,
+}
+
+/// Where the cache of `id` lives.
+fn path_of(id: &str) -> Option<PathBuf> {
+    let root = crate::sandbox::state_root().ok()?;
+    Some(root.join(".catalog").join(format!("{id}.json")))
+}
+
+/// What defines the toolbox's tools, as far as the daemon can tell.
+fn key(manifest: &Manifest) -> Value {
+    let mut files = vec![stamp(&manifest.program)];
+    for arg in &manifest.args {
+        let path = manifest.cwd.join(arg);
+        if path.is_file() {
+            files.push(stamp(&path));
+        }
+    }
+    json!({
+        "program": manifest.program,
+        "args": manifest.args,
+        "cwd": manifest.cwd,
+        "env": manifest.env,
+        "env_clear": manifest.env_clear,
+        "protocol": manifest.protocol,
+        "files": files,
+    })
+}
+
+/// A file's path, size and modification time (nanoseconds), or its path
+/// alone when it cannot be read.
+fn stamp(path: &Path) -> Value {
+    use std::os::unix::fs::MetadataExt;
+    match std::fs::metadata(path) {
+        Ok(m) => json!([path, m.len(), m.mtime(), m.mtime_nsec()]),
+        Err(_) => json!([path]),
+    }
+}
+
+/// The cached tool list of `manifest`'s toolbox, if one holds.
+pub fn load(manifest: &Manifest) -> Option<Cached> {
+    let path = path_of(&manifest.id)?;
+    let file = std::fs::File::open(&path).ok()?;
+    if file.metadata().ok()?.len() > MAX_FILE_BYTES {
+        return None;
+    }
+    let entry: Value = serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
+    if entry.get("key")? != &key(manifest) {
+        return None;
+    }
+    let version = entry.get("version")?.as_str()?.to_owned();
+    let (tools, _) = mcp::parse_tools_page(&json!({ "tools": entry.get("tools")? }));
+    let tools: Vec<ToolSpec> = tools.into_iter().collect::<Result<_, _>>().ok()?;
+    Some(Cached { version, tools })
+}
+
+/// Caches `manifest`'s tool list, listed by a child that spoke `version`.
+/// A failure is logged: the toolbox then is probed again at its next start.
+pub fn store(manifest: &Manifest, version: &str, tools: &[ToolSpec]) {
+    let Some(path) = path_of(&manifest.id) else {
+        return;
+    };
+    let entry = json!({
+        "key": key(manifest),
+        "version": version,
+        "tools": tools.iter().map(mcp::tool_definition).collect::<Vec<_>>(),
+    });
+    let written = (|| -> std::io::Result<()> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let partial = dir.join(format!(".{}.{}.partial", manifest.id, std::process::id()));
+        std::fs::write(&partial, entry.to_string())?;
+        std::fs::rename(&partial, &path)
+    })();
+    if let Err(e) = written {
+        tracing::warn!(
+            toolbox = %manifest.id,
+            "cannot cache the tool list in {}: {e}; the toolbox is probed again at its next \
+             start",
+            path.display()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_script_is_a_miss() {
+        let dir = std::env::temp_dir().join(format!("toolboxd-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("box.py");
+        std::fs::write(&script, "print(1)\n").unwrap();
+        let manifest_path = dir.join("box.toml");
+        std::fs::write(
+            &manifest_path,
+            "id = \"box\"\ncommand = \"python3\"\nargs = [\"box.py\"]\n",
+        )
+        .unwrap();
+        let manifest = Manifest::load(&manifest_path).unwrap();
+        let before = key(&manifest);
+        assert_eq!(before, key(&manifest), "the same toolbox, the same key");
+        std::fs::write(&script, "print(22)\n").unwrap();
+        assert_ne!(before, key(&manifest), "a changed script changes the key");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
