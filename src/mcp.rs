@@ -118,9 +118,22 @@ fn line(value: &impl Serialize) -> Vec<u8> {
     out
 }
 
-/// One request line, newline-terminated.
-pub fn request_line(id: u64, method: &str, params: &Value) -> Vec<u8> {
-    line(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+/// One request line, newline-terminated; `params` are serialized in place,
+/// never copied into a JSON tree first.
+pub fn request_line<P: Serialize + ?Sized>(id: u64, method: &str, params: &P) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Request<'a, P: ?Sized> {
+        jsonrpc: &'static str,
+        id: u64,
+        method: &'a str,
+        params: &'a P,
+    }
+    line(&Request {
+        jsonrpc: "2.0",
+        id,
+        method,
+        params,
+    })
 }
 
 /// One notification line, newline-terminated.

@@ -2,7 +2,10 @@
 //! tool calls and liveness probes (docs/protocol.md). Every MCP method name toolboxd
 //! sends is written here.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use serde_json::value::RawValue;
 
 use serde_json::{json, Map, Value};
 
@@ -52,6 +55,30 @@ pub struct Session {
     rpc: RpcHandle,
     /// The era and version in force, which decides the shape of every request.
     era: Era,
+    /// The modern era's `_meta`, serialized once: every `tools/call` carries it.
+    meta: Option<Arc<RawValue>>,
+}
+
+/// `tools/call` params, serialized straight from the call's parts.
+#[derive(serde::Serialize)]
+struct CallParams<'a> {
+    name: &'a str,
+    arguments: &'a Value,
+    #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
+    meta: Option<&'a RawValue>,
+}
+
+impl Session {
+    /// A session in `era` over `rpc`.
+    fn new(rpc: RpcHandle, era: Era) -> Session {
+        let meta = match &era {
+            Era::Modern(version) => serde_json::value::to_raw_value(&mcp::modern_meta(version))
+                .ok()
+                .map(Arc::from),
+            Era::Legacy(_) => None,
+        };
+        Session { rpc, era, meta }
+    }
 }
 
 async fn timed<T>(
@@ -81,10 +108,7 @@ impl Session {
     ) -> Result<Session, HandshakeError> {
         if let Some(version) = pin {
             if MODERN_VERSIONS.contains(&version) {
-                return Ok(Session {
-                    rpc,
-                    era: Era::Modern(version.to_owned()),
-                });
+                return Ok(Session::new(rpc, Era::Modern(version.to_owned())));
             }
             return Session::initialize(rpc, version, request_timeout).await;
         }
@@ -97,15 +121,11 @@ impl Session {
             Ok(Ok(result)) => {
                 let supported = string_list(result.get("supportedVersions"));
                 match choose(&supported) {
-                    Some(Era::Modern(v)) => Ok(Session {
-                        rpc,
-                        era: Era::Modern(v),
-                    }),
+                    Some(Era::Modern(v)) => Ok(Session::new(rpc, Era::Modern(v))),
                     Some(Era::Legacy(v)) => Session::initialize(rpc, &v, request_timeout).await,
-                    None if supported.is_empty() => Ok(Session {
-                        rpc,
-                        era: Era::Modern(preferred.to_owned()),
-                    }),
+                    None if supported.is_empty() => {
+                        Ok(Session::new(rpc, Era::Modern(preferred.to_owned())))
+                    }
                     None => Err(HandshakeError::NoCommonVersion(supported.join(", "))),
                 }
             }
@@ -116,10 +136,7 @@ impl Session {
                         .or_else(|| data.get("supportedVersions")),
                 );
                 match choose(&supported) {
-                    Some(Era::Modern(v)) => Ok(Session {
-                        rpc,
-                        era: Era::Modern(v),
-                    }),
+                    Some(Era::Modern(v)) => Ok(Session::new(rpc, Era::Modern(v))),
                     _ => Err(HandshakeError::NoCommonVersion(supported.join(", "))),
                 }
             }
@@ -161,10 +178,7 @@ impl Session {
             );
         }
         rpc.notify("notifications/initialized", Value::Null);
-        Ok(Session {
-            rpc,
-            era: Era::Legacy(agreed.to_owned()),
-        })
+        Ok(Session::new(rpc, Era::Legacy(agreed.to_owned())))
     }
 
     /// The era and version in force.
@@ -258,11 +272,13 @@ impl Session {
         cancel: &mut Cancel,
         hold: Box<dyn Send>,
     ) -> Result<Value, RpcFailure> {
-        let mut params = Map::new();
-        params.insert("name".to_owned(), Value::String(name.to_owned()));
-        params.insert("arguments".to_owned(), arguments);
+        let params = CallParams {
+            name,
+            arguments: &arguments,
+            meta: self.meta.as_deref(),
+        };
         self.rpc
-            .request_until("tools/call", self.params(params), deadline, cancel, hold)
+            .request_until("tools/call", &params, deadline, cancel, hold)
             .await
     }
 

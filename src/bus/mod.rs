@@ -18,9 +18,17 @@ pub const MAX_FRAME_BYTES: usize = 10 * 1024 * 1024;
 /// so a bus configured for larger messages never costs it its connection.
 const MAX_RECEIVED_BYTES: usize = 64 * 1024 * 1024;
 
+/// How much a websocket reads from its socket at a time. tungstenite zeroes
+/// this much of its buffer before every read: its default (128 KiB) cost more
+/// instructions per call than everything else on the call path together
+/// (scripts/profile). Bus messages are a few hundred bytes; larger ones take
+/// more reads.
+const READ_BUFFER_BYTES: usize = 8 * 1024;
+
 /// The websocket settings of the daemon's bus client.
 pub fn client_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
     tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
         .max_message_size(Some(MAX_RECEIVED_BYTES))
         .max_frame_size(Some(MAX_RECEIVED_BYTES))
 }
@@ -28,6 +36,7 @@ pub fn client_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketCon
 /// The websocket settings of the embedded bus, for each of its clients.
 pub fn server_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
     tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+        .read_buffer_size(READ_BUFFER_BYTES)
         .max_message_size(Some(MAX_FRAME_BYTES))
         .max_frame_size(Some(MAX_FRAME_BYTES))
 }

@@ -211,16 +211,16 @@ impl RpcHandle {
     /// and the caller `TimedOut` or `Cancelled` at once, but `hold` stays
     /// held until the child answers anyway or is gone, so a slot is free only
     /// when the child is really done with the request.
-    pub async fn request_until(
+    pub async fn request_until<P: serde::Serialize + ?Sized>(
         &self,
         method: &str,
-        params: Value,
+        params: &P,
         deadline: tokio::time::Instant,
         cancel: &mut Cancel,
         hold: Box<dyn Send>,
     ) -> Result<Value, RpcFailure> {
         let link = &*self.link;
-        let (id, mut rx, mut guard) = self.send_request(method, &params)?;
+        let (id, mut rx, mut guard) = self.send_request(method, params)?;
         let (failure, reason) = tokio::select! {
             biased;
             answer = &mut rx => {
@@ -252,10 +252,10 @@ impl RpcHandle {
     /// is gone the child is dying: the request stays pending and the reaper
     /// answers it with the exit status, like every other.
     #[allow(clippy::type_complexity)]
-    fn send_request(
+    fn send_request<P: serde::Serialize + ?Sized>(
         &self,
         method: &str,
-        params: &Value,
+        params: &P,
     ) -> Result<
         (
             u64,

@@ -165,7 +165,7 @@ async fn a_call_past_its_deadline_is_cancelled_and_holds_its_slot_until_the_late
     let call = tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
         let mut never = crate::cancel::Cancel::never();
-        rpc.request_until("slow", json!({}), deadline, &mut never, hold)
+        rpc.request_until("slow", &json!({}), deadline, &mut never, hold)
             .await
     });
     let request = child.receive().await;
@@ -200,7 +200,7 @@ async fn a_stop_cancels_the_call_on_the_child_and_holds_its_slot_until_it_answer
     let call = tokio::spawn(async move {
         let (mut cancel, _place) = calls.register(Some("kitchen"));
         let deadline = tokio::time::Instant::now() + SOON;
-        rpc.request_until("slow", json!({}), deadline, &mut cancel, hold)
+        rpc.request_until("slow", &json!({}), deadline, &mut cancel, hold)
             .await
     });
     let request = child.receive().await;
