@@ -267,7 +267,7 @@ impl Service {
     }
 
     fn respond(&self, request: &Message, data: Object) {
-        self.send_answer(request, request.response(data).encode());
+        self.send_answer(request, request.encode_response(&data));
     }
 
     /// Sends an answer to `request`; one that would not fit in a bus message
@@ -284,7 +284,7 @@ impl Service {
         );
         let error = answers::oversize_answer(frame.len());
         let data = Self::error_data(request, error);
-        let _ = self.out.send(request.response(data).encode());
+        let _ = self.out.send(request.encode_response(&data));
     }
 
     async fn handle(&self, topic: Topic, request: Message, arrived: Arrival) {

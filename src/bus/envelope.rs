@@ -186,6 +186,65 @@ impl Message {
     pub fn response(&self, data: Object) -> Message {
         self.reply(format!("{}.response", self.msg_type), data)
     }
+
+    /// `self.response(data).encode()`, without copying the context: the
+    /// answer to every call goes through here, and an OVOS context (a whole
+    /// session) is often larger than the answer.
+    pub fn encode_response(&self, data: &Object) -> String {
+        #[derive(serde::Serialize)]
+        struct Wire<'a> {
+            #[serde(rename = "type")]
+            msg_type: &'a str,
+            data: &'a Object,
+            context: ReplyContext<'a>,
+        }
+        let wire = Wire {
+            msg_type: &format!("{}.response", self.msg_type),
+            data,
+            context: ReplyContext(&self.context),
+        };
+        // invariant: a struct of strings and JSON maps always serializes.
+        serde_json::to_string(&wire).unwrap_or_default()
+    }
+}
+
+/// A request's context as its reply carries it (see [`Message::reply`]),
+/// serialized from the request's without a copy.
+struct ReplyContext<'a>(&'a Object);
+
+impl serde::Serialize for ReplyContext<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let context = self.0;
+        let source = context.get("destination").map(|d| match d {
+            Value::Array(items) => items.first().unwrap_or(&Value::Null),
+            other => other,
+        });
+        let destination = context.get("source");
+        let mut entries: Vec<(&str, &Value)> = context
+            .iter()
+            .map(|(k, v)| {
+                let v = match k.as_str() {
+                    "source" => source.unwrap_or(v),
+                    "destination" => destination.unwrap_or(v),
+                    _ => v,
+                };
+                (k.as_str(), v)
+            })
+            .collect();
+        for (key, value) in [("source", source), ("destination", destination)] {
+            if let (Some(value), false) = (value, context.contains_key(key)) {
+                entries.push((key, value));
+            }
+        }
+        // The order a copied and amended map would have.
+        entries.sort_unstable_by_key(|(k, _)| *k);
+        let mut map = serializer.serialize_map(Some(entries.len()))?;
+        for (key, value) in entries {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
 }
 
 /// A member that is there, whatever its value (null included).
@@ -224,6 +283,29 @@ mod tests {
 
     fn msg(context: Value) -> Message {
         Message::decode(&json!({"type": "t", "data": {}, "context": context}).to_string()).unwrap()
+    }
+
+    #[test]
+    fn encode_response_is_the_response_derivation_encoded() {
+        let data: Object = json!({"name": "add", "result": {"r": 1}})
+            .as_object()
+            .unwrap()
+            .clone();
+        for context in [
+            json!({}),
+            json!({"source": "persona"}),
+            json!({"destination": "skills"}),
+            json!({"destination": ["a", "b"], "mark": 1}),
+            json!({"destination": [], "source": "x"}),
+            json!({"source": "s", "destination": "d", "session": {"session_id": "k"}, "z": 0}),
+        ] {
+            let m = msg(context.clone());
+            assert_eq!(
+                m.encode_response(&data),
+                m.response(data.clone()).encode(),
+                "{context}"
+            );
+        }
     }
 
     #[test]
