@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -15,6 +15,10 @@ use tokio_tungstenite::WebSocketStream;
 
 use crate::bus::tcp;
 use crate::shutdown::Shutdown;
+
+/// Most incoming frames handled in a row before the client looks at what
+/// it has to send.
+const MAX_BURST: usize = 64;
 
 /// A websocket connection to the bus.
 pub type WsStream = WebSocketStream<TcpStream>;
@@ -160,15 +164,36 @@ pub async fn run(
         let (mut sink, mut stream) = ws.split();
         let ended = loop {
             tokio::select! {
-                frame = stream.next() => match frame {
-                    Some(Ok(WsMessage::Text(text))) => {
-                        tcp::quickack(&tcp::Fd(fd));
-                        on_frame(text.as_str());
+                frame = stream.next() => {
+                    // Every frame already read is handled before the loop
+                    // waits again, and the ACK re-armed once for them all:
+                    // one system call a burst, not one a frame.
+                    let mut frame = frame;
+                    let mut handled = 0;
+                    let ended = loop {
+                        handled += 1;
+                        match frame {
+                            Some(Ok(WsMessage::Text(text))) => on_frame(text.as_str()),
+                            Some(Ok(WsMessage::Close(_))) | None => {
+                                break Some("the bus closed the connection".to_owned())
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(e)) => break Some(format!("bus connection failed: {e}")),
+                        }
+                        // At most a burst's worth, so sending is never starved.
+                        match (handled < MAX_BURST)
+                            .then(|| stream.next().now_or_never())
+                            .flatten()
+                        {
+                            Some(next) => frame = next,
+                            None => break None,
+                        }
+                    };
+                    if let Some(ended) = ended {
+                        break ended;
                     }
-                    Some(Ok(WsMessage::Close(_))) | None => break "the bus closed the connection".to_owned(),
-                    Some(Ok(_)) => tcp::quickack(&tcp::Fd(fd)),
-                    Some(Err(e)) => break format!("bus connection failed: {e}"),
-                },
+                    tcp::quickack(&tcp::Fd(fd));
+                }
                 frame = outgoing.recv() => {
                     let Some(frame) = frame else { return };
                     let mut result = sink.feed(WsMessage::text(frame)).await;
