@@ -284,6 +284,8 @@ impl Operator {
         let mut waiting: Vec<Reply> = Vec::new();
         // The peer check under way, if any: the first starts now.
         let mut check = Some(peer_check(&peers));
+        // When the last check asked for by a newcomer began.
+        let mut last_recheck: Option<tokio::time::Instant> = None;
         loop {
             if waiting.is_empty() {
                 let request = tokio::select! {
@@ -291,7 +293,24 @@ impl Operator {
                     _ = stop.recv() => None,
                     found = or_never(check.as_mut()) => {
                         check = None;
+                        tracing::info!(
+                            claimed = found.seen.len(),
+                            held = found.held.len(),
+                            "peer check done: ids other hosts also answer for"
+                        );
                         supervisor.settle(&found).await;
+                        continue;
+                    }
+                    // A daemon new on the bus: check again, so that this
+                    // one learns of a conflict too (not more often than
+                    // RECHECK_GAP, whatever a client sends).
+                    () = peers.newcomer(), if check.is_none() => {
+                        let mut due = tokio::time::Instant::now() + crate::peers::RECHECK_DELAY;
+                        if let Some(last) = last_recheck {
+                            due = due.max(last + crate::peers::RECHECK_GAP);
+                        }
+                        last_recheck = Some(due);
+                        check = Some(peer_check_after(due, &peers));
                         continue;
                     }
                     request = inbox.rx.recv() => request,
@@ -337,8 +356,19 @@ impl Operator {
 fn peer_check(
     peers: &Arc<Peers>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = PeerCheck> + Send>> {
+    peer_check_after(tokio::time::Instant::now(), peers)
+}
+
+/// A peer check that begins at `due`.
+fn peer_check_after(
+    due: tokio::time::Instant,
+    peers: &Arc<Peers>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = PeerCheck> + Send>> {
     let peers = peers.clone();
-    Box::pin(async move { peers.check().await })
+    Box::pin(async move {
+        tokio::time::sleep_until(due).await;
+        peers.check().await
+    })
 }
 
 /// Takes one request: a reload waits in `reloads` for the next reload; status

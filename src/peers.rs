@@ -8,7 +8,15 @@
 //! [`crate::service`]). A check is two probes in a row: a claim seen in one
 //! is reported; only a claim that holds in both, by a host that lists tools
 //! for the id, can make a toolbox yield (the bus has no authentication: no
-//! single message may stop a toolbox).
+//! single message may stop a toolbox), and only to a host that started
+//! before this one: of two daemons set to yield, the later starter withdraws.
+//!
+//! A daemon's answers to another's probe name the answering daemon (its
+//! instance: pid and start time). A probe from a daemon not heard of before
+//! makes this daemon check again a moment later (at most every
+//! [`RECHECK_GAP`]), so the earlier starter learns of the conflict too, and
+//! reports it (if the newcomer still serves the id by then: a newcomer that
+//! yielded leaves nothing to report).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -22,6 +30,15 @@ use crate::service::DISCOVER;
 
 /// The context key that marks a daemon's discovery of other hosts.
 const PROBE_KEY: &str = "toolboxd_probe";
+/// The context key naming the daemon that answers another's probe.
+const HOST_KEY: &str = "toolboxd_host";
+/// How long after a new daemon's probe this daemon checks again: time for
+/// the newcomer's toolboxes to start.
+pub const RECHECK_DELAY: Duration = Duration::from_secs(1);
+/// Least time between two checks made because a new daemon probed.
+pub const RECHECK_GAP: Duration = Duration::from_secs(5);
+/// Most other daemons remembered (forgotten all at once past it).
+const MAX_KNOWN_HOSTS: usize = 256;
 
 /// Whose discovery a `ovos.persona.tools.discover` request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +59,26 @@ pub struct Peers {
     out: mpsc::UnboundedSender<String>,
     /// How long a probe listens for answers; zero means never ask.
     window: Duration,
-    /// Where a running probe's answers go (the id, and whether the answer
-    /// lists tools); `None` between probes.
-    collecting: Mutex<Option<mpsc::UnboundedSender<(String, bool)>>>,
+    /// When this daemon started (nanoseconds since the epoch, as in
+    /// `instance`): of two daemons, the later starter yields.
+    started: u128,
+    /// Where a running probe's answers go; `None` between probes.
+    collecting: Mutex<Option<mpsc::UnboundedSender<Claim>>>,
+    /// Other daemons heard of (by their probes or their answers): a probe
+    /// from one not among them asks for a check of our own.
+    known: Mutex<BTreeSet<String>>,
+    /// Rung when a daemon not heard of before probes: time to check again.
+    newcomer: tokio::sync::Notify,
+}
+
+/// One answer to our probe: another host answers for `id`.
+struct Claim {
+    /// The toolbox id.
+    id: String,
+    /// The answer lists tools (the host really serves it).
+    lists_tools: bool,
+    /// The host started before us, or is not a toolboxd that says when.
+    older: bool,
 }
 
 /// What a check found.
@@ -52,8 +86,9 @@ pub struct Peers {
 pub struct PeerCheck {
     /// Every id another host claimed in either probe: reported.
     pub seen: BTreeSet<String>,
-    /// The ids claimed in both probes with tools listed: the claims a toolbox
-    /// with `on_conflict = "yield"` gives way to.
+    /// The ids claimed in both probes with tools listed, by a host that
+    /// started before us: the claims a toolbox with `on_conflict = "yield"`
+    /// gives way to.
     pub held: BTreeSet<String>,
 }
 
@@ -68,7 +103,10 @@ impl Peers {
             instance: format!("toolboxd-{}-{nanos}", std::process::id()),
             out,
             window,
+            started: nanos,
             collecting: Mutex::new(None),
+            known: Mutex::new(BTreeSet::new()),
+            newcomer: tokio::sync::Notify::new(),
         }
     }
 
@@ -79,20 +117,23 @@ impl Peers {
         }
         let first = self.probe().await;
         let second = self.probe().await;
-        let lists = |claims: &BTreeMap<String, bool>, id: &str| claims.get(id) == Some(&true);
+        let holds = |claims: &BTreeMap<String, (bool, bool)>, id: &str| {
+            claims.get(id) == Some(&(true, true))
+        };
         PeerCheck {
             held: first
                 .keys()
-                .filter(|id| lists(&first, id) && lists(&second, id))
+                .filter(|id| holds(&first, id) && holds(&second, id))
                 .cloned()
                 .collect(),
             seen: first.into_keys().chain(second.into_keys()).collect(),
         }
     }
 
-    /// Toolbox ids other hosts answer for, and whether each answer listed
-    /// tools: asks every host and collects the answers for the window.
-    async fn probe(&self) -> BTreeMap<String, bool> {
+    /// Toolbox ids other hosts answer for, each with whether an answer
+    /// listed tools and came from a host older than us: asks every host and
+    /// collects the answers for the window.
+    async fn probe(&self) -> BTreeMap<String, (bool, bool)> {
         let (tx, mut rx) = mpsc::unbounded_channel();
         *self.collecting.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
         let mut probe = Message::new(DISCOVER, Object::new());
@@ -106,10 +147,65 @@ impl Peers {
         tokio::time::sleep(self.window).await;
         *self.collecting.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let mut claims = BTreeMap::new();
-        while let Ok((id, lists_tools)) = rx.try_recv() {
-            *claims.entry(id).or_insert(false) |= lists_tools;
+        while let Ok(claim) = rx.try_recv() {
+            let (lists, older) = claims.entry(claim.id).or_insert((false, false));
+            // One host that both serves the id and is older is enough.
+            if claim.lists_tools && claim.older {
+                (*lists, *older) = (true, true);
+            } else if !(*lists && *older) {
+                *lists |= claim.lists_tools;
+            }
         }
         claims
+    }
+
+    /// Whether a daemon named `host` (an instance mark) started before us; a
+    /// host that does not say is taken as older (a Python service, say).
+    fn is_older(&self, host: Option<&str>) -> bool {
+        let started = host
+            .and_then(|h| h.rsplit('-').next())
+            .and_then(|nanos| nanos.parse::<u128>().ok());
+        match (started, host) {
+            (Some(started), Some(host)) => (started, host) < (self.started, self.instance.as_str()),
+            _ => true,
+        }
+    }
+
+    /// Remembers another daemon; says whether it was new.
+    fn meet(&self, host: &str) -> bool {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if known.contains(host) {
+            return false;
+        }
+        if known.len() >= MAX_KNOWN_HOSTS {
+            known.clear();
+        }
+        known.insert(host.to_owned());
+        true
+    }
+
+    /// Another daemon's probe arrived: if it is one not heard of before,
+    /// ask for a check of our own (see [`Peers::newcomer`]).
+    pub fn probed_by(&self, request: &Message) {
+        if let Some(host) = request.context.get(PROBE_KEY).and_then(Value::as_str) {
+            if self.meet(host) {
+                self.newcomer.notify_one();
+            }
+        }
+    }
+
+    /// Resolves when a daemon not heard of before has probed the bus.
+    pub async fn newcomer(&self) {
+        self.newcomer.notified().await
+    }
+
+    /// Our answer to another daemon's probe: named as ours.
+    pub fn answering(&self, request: &Message) -> Message {
+        let mut answering = request.clone();
+        answering
+            .context
+            .insert(HOST_KEY.to_owned(), Value::String(self.instance.clone()));
+        answering
     }
 
     /// A discover response seen on the bus: while a probe runs, note the id
@@ -131,7 +227,16 @@ impl Peers {
                 .get("tools")
                 .and_then(Value::as_array)
                 .is_some_and(|tools| !tools.is_empty());
-            let _ = tx.send((id.to_owned(), lists_tools));
+            let host = answer.context.get(HOST_KEY).and_then(Value::as_str);
+            if let Some(host) = host {
+                // Heard of: its own probe then asks for no check of ours.
+                self.meet(host);
+            }
+            let _ = tx.send(Claim {
+                id: id.to_owned(),
+                lists_tools,
+                older: self.is_older(host),
+            });
         }
     }
 
@@ -142,5 +247,69 @@ impl Peers {
             Some(mark) if mark == self.instance => Asker::Us,
             Some(_) => Asker::Peer,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Answers every probe `peers` sends with a claim of `id` by `host`
+    /// (`None`: a host that does not say who it is), until the check ends.
+    async fn check_with_claimant(host: Option<String>) -> PeerCheck {
+        let (out, mut sent) = mpsc::unbounded_channel();
+        let peers = std::sync::Arc::new(Peers::new(out, Duration::from_millis(50)));
+        let checking = tokio::spawn({
+            let peers = peers.clone();
+            async move { peers.check().await }
+        });
+        for _ in 0..2 {
+            let probe = Message::decode(&sent.recv().await.expect("a probe")).unwrap();
+            let mut answer = probe.response(
+                json!({"toolbox_id": "math", "tools": [{"name": "add"}]})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            );
+            if let Some(host) = &host {
+                answer
+                    .context
+                    .insert(HOST_KEY.to_owned(), Value::String(host.clone()));
+            }
+            peers.note(&answer.encode());
+        }
+        checking.await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn only_an_older_host_holds_a_claim() {
+        let older = Some("toolboxd-1-1".to_owned());
+        let younger = Some(format!("toolboxd-1-{}", u128::MAX));
+        let math = BTreeSet::from(["math".to_owned()]);
+        let check = check_with_claimant(older).await;
+        assert_eq!((&check.seen, &check.held), (&math, &math));
+        let check = check_with_claimant(younger).await;
+        assert_eq!((&check.seen, &check.held), (&math, &BTreeSet::new()));
+        // A host that does not say when it started is taken as older.
+        let check = check_with_claimant(None).await;
+        assert_eq!(check.held, math);
+    }
+
+    #[test]
+    fn a_probe_from_a_new_daemon_asks_for_one_check() {
+        let (out, _sent) = mpsc::unbounded_channel();
+        let peers = Peers::new(out, Duration::from_millis(50));
+        let mut probe = Message::new(DISCOVER, Object::new());
+        probe.context.insert(
+            PROBE_KEY.to_owned(),
+            Value::String("toolboxd-2-5".to_owned()),
+        );
+        peers.probed_by(&probe);
+        let asked = futures_util::FutureExt::now_or_never(peers.newcomer());
+        assert!(asked.is_some(), "a newcomer asks for a check");
+        peers.probed_by(&probe);
+        let asked = futures_util::FutureExt::now_or_never(peers.newcomer());
+        assert!(asked.is_none(), "a daemon heard of before does not");
     }
 }

@@ -327,7 +327,10 @@ impl Service {
     async fn discover(&self, request: &Message) {
         match self.peers.asker(request) {
             Asker::Us => return,
-            Asker::Peer => return self.answer_discover(request),
+            Asker::Peer => {
+                self.peers.probed_by(request);
+                return self.answer_discover(&self.peers.answering(request));
+            }
             Asker::Client => {}
         }
         let before = self.registry.snapshot();

@@ -155,3 +155,90 @@ async fn one_forged_answer_to_the_peer_check_stops_nothing() {
     bus_process.kill().unwrap();
     bus_process.wait().unwrap();
 }
+
+/// Two daemons on one bus, each with `math` (its manifest ending in
+/// `extra`), the second started once the first's own check is over.
+fn two_daemons(url: &str, extra: &str) -> (Daemon, Daemon) {
+    let manifest = format!("{}{extra}", math_manifest("math"));
+    let first_dir = TempDir::new("twice1");
+    first_dir.write("math.toml", &manifest);
+    let first = Daemon::start_with(&[
+        "--manifests",
+        first_dir.path().to_str().unwrap(),
+        "--bus",
+        url,
+    ]);
+    first.wait_for_log("peer check done", 1, Duration::from_secs(10));
+    let second_dir = TempDir::new("twice2");
+    second_dir.write("math.toml", &manifest);
+    let second = Daemon::start_with(&[
+        "--manifests",
+        second_dir.path().to_str().unwrap(),
+        "--bus",
+        url,
+        "--host-only",
+    ]);
+    (first, second)
+}
+
+/// How many answers one persona call of math's `add` gets.
+async fn answers_to_one_call(url: &str, mark: &str) -> usize {
+    let mut bus = Bus::connect(url).await;
+    bus.send(
+        "ovos.persona.tools.call",
+        json!({"toolbox_id": "math", "name": "add", "kwargs": {"a": 1, "b": 2}}),
+        json!({"mark": mark}),
+    )
+    .await;
+    let answers = bus
+        .expect_answers("ovos.persona.tools.call.response", mark, 1)
+        .await;
+    assert!(
+        answers.iter().all(|a| a["data"]["result"]["result"] == 3),
+        "{answers:#?}"
+    );
+    answers.len()
+}
+
+#[tokio::test]
+async fn two_daemons_with_one_id_both_report_the_conflict() {
+    let (mut bus_process, port) = start_bus(0);
+    let url = format!("ws://127.0.0.1:{port}/core");
+    let (first, second) = two_daemons(&url, "");
+    // The newcomer finds the claim in its own check; the first, told by the
+    // newcomer's probe to check again, finds it too. Both keep serving.
+    for daemon in [&second, &first] {
+        common::wait_until("the conflict is reported", Duration::from_secs(10), || {
+            daemon.status("math")["conflict"].is_string()
+        });
+        assert_eq!(daemon.status("math")["state"], "ready");
+    }
+    assert_eq!(answers_to_one_call(&url, "warned").await, 2);
+    drop((first, second));
+    bus_process.kill().unwrap();
+    bus_process.wait().unwrap();
+}
+
+#[tokio::test]
+async fn of_two_daemons_set_to_yield_the_later_starter_withdraws() {
+    let (mut bus_process, port) = start_bus(0);
+    let url = format!("ws://127.0.0.1:{port}/core");
+    let (first, second) = two_daemons(&url, "on_conflict = \"yield\"\n");
+    let row = second.wait_for_state("math", "conflict", Duration::from_secs(10));
+    assert!(
+        row["reason"].as_str().unwrap().contains("already answers"),
+        "{row}"
+    );
+    // The first has the claim of a later starter at most: it keeps serving,
+    // also through its own second check.
+    first.wait_for_log("peer check done", 2, Duration::from_secs(10));
+    assert_eq!(first.status("math")["state"], "ready");
+    assert_eq!(
+        answers_to_one_call(&url, "yielded").await,
+        1,
+        "exactly one serves"
+    );
+    drop((first, second));
+    bus_process.kill().unwrap();
+    bus_process.wait().unwrap();
+}
