@@ -21,9 +21,9 @@ const MAX_RECEIVED_BYTES: usize = 64 * 1024 * 1024;
 /// How much a websocket reads from its socket at a time. tungstenite zeroes
 /// this much of its buffer before every read: its default (128 KiB) cost more
 /// instructions per call than everything else on the call path together
-/// (scripts/profile). Bus messages are a few hundred bytes; larger ones take
-/// more reads.
-const READ_BUFFER_BYTES: usize = 8 * 1024;
+/// (scripts/profile). Most bus messages are a few hundred bytes; a large one
+/// (a tool list) takes more reads, so not smaller than this.
+const READ_BUFFER_BYTES: usize = 32 * 1024;
 
 /// The websocket settings of the daemon's bus client.
 pub fn client_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
