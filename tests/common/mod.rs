@@ -444,6 +444,16 @@ impl Bus {
             .collect()
     }
 
+    /// Every message received so far whose context carries `mark`, any
+    /// topic, in arrival order.
+    pub fn marked(&self, mark: &str) -> Vec<Value> {
+        self.inbox
+            .iter()
+            .filter(|m| m["context"]["mark"] == mark)
+            .cloned()
+            .collect()
+    }
+
     /// Keeps reading for `window`, then returns every message of `topic`
     /// carrying `mark` received since the connection opened.
     pub async fn collect(&mut self, topic: &str, mark: &str, window: Duration) -> Vec<Value> {
