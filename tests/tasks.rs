@@ -6,11 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{mark, repo, Bus, Daemon, TempDir};
-use serde_json::{json, Value};
-
-const CALL: &str = "ovos.persona.tools.call";
-const ANSWER: &str = "ovos.persona.tools.call.response";
-const PROGRESS: &str = "ovos.persona.tools.call.progress";
+use serde_json::json;
 
 /// The task fixture as toolbox `id`, with extra manifest lines.
 fn manifest(id: &str, extra: &str) -> String {
@@ -18,48 +14,6 @@ fn manifest(id: &str, extra: &str) -> String {
         "id = \"{id}\"\ncommand = \"python3\"\nargs = [\"{}\"]\n{extra}\n",
         repo("tests/fixtures/task_toolbox.py")
     )
-}
-
-/// Sends a persona call marked `m` with a caller's routing and session;
-/// returns its one answer's data (failing if there is not exactly one).
-async fn call_marked(bus: &mut Bus, m: &str, toolbox: &str, name: &str, kwargs: Value) -> Value {
-    let context = json!({"mark": m, "source": "skill-x", "destination": "toolboxd",
-                         "session": {"session_id": "s-7"}});
-    bus.send(
-        CALL,
-        json!({"toolbox_id": toolbox, "name": name, "kwargs": kwargs}),
-        context,
-    )
-    .await;
-    let answers = bus.expect_answers(ANSWER, m, 1).await;
-    assert_eq!(answers.len(), 1, "one answer: {answers:#?}");
-    answers[0]["data"].clone()
-}
-
-/// The progress messages of call `m`, checking that each came before its
-/// answer and is routed like it.
-fn progress_of(bus: &Bus, m: &str) -> Vec<Value> {
-    let marked = bus.marked(m);
-    let answer_at = marked
-        .iter()
-        .position(|msg| msg["type"] == ANSWER)
-        .expect("the answer");
-    let progress: Vec<Value> = marked
-        .iter()
-        .enumerate()
-        .filter(|(_, msg)| msg["type"] == PROGRESS)
-        .map(|(i, msg)| {
-            assert!(i < answer_at, "progress after the answer: {marked:#?}");
-            assert_eq!(
-                msg["context"],
-                json!({"mark": m, "source": "toolboxd", "destination": "skill-x",
-                       "session": {"session_id": "s-7"}}),
-                "routed like the answer"
-            );
-            msg["data"].clone()
-        })
-        .collect();
-    progress
 }
 
 #[tokio::test]
@@ -84,7 +38,7 @@ async fn task_tools_are_answered_over_the_bus_in_each_era() {
     for id in ["legacy", "modern"] {
         let m = mark();
         let kwargs = json!({"topic": "otters", "steps": 5});
-        let r = call_marked(&mut bus, &m, id, "research", kwargs).await;
+        let r = bus.call_routed(&m, id, "research", kwargs).await;
         assert_eq!(
             r,
             json!({"toolbox_id": id, "result": {"report": "5 steps on otters"}})
@@ -95,7 +49,7 @@ async fn task_tools_are_answered_over_the_bus_in_each_era() {
         // The call carried a progress token; the legacy task reported
         // progress under it, which reached the caller.
         if id == "legacy" {
-            let progress = progress_of(&bus, &m);
+            let progress = bus.progress_of(&m);
             assert!(!progress.is_empty(), "no progress on the bus");
             assert_eq!(
                 progress[0],
@@ -164,17 +118,17 @@ async fn a_progress_flood_is_coalesced_within_the_rate() {
     let mut bus = Bus::connect(&daemon.url).await;
     let m = mark();
     let started = std::time::Instant::now();
-    let r = call_marked(
-        &mut bus,
-        &m,
-        "flood",
-        "flood",
-        json!({"count": 2000, "over_s": 1.0, "then_s": 0.5}),
-    )
-    .await;
+    let r = bus
+        .call_routed(
+            &m,
+            "flood",
+            "flood",
+            json!({"count": 2000, "over_s": 1.0, "then_s": 0.5}),
+        )
+        .await;
     let took = started.elapsed();
     assert_eq!(r["result"]["content"], "sent 2000");
-    let progress = progress_of(&bus, &m);
+    let progress = bus.progress_of(&m);
     // At most one message per 250 ms of the call (and the first at once).
     let bound = 2 + (took.as_millis() / 250) as usize;
     assert!(
