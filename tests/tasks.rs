@@ -143,3 +143,55 @@ async fn a_progress_flood_is_coalesced_within_the_rate() {
     );
     assert!(took >= Duration::from_millis(1500));
 }
+
+#[tokio::test]
+async fn a_stop_cancels_a_task_on_the_child() {
+    let dir = TempDir::new("tasks-stop");
+    let limits = "[limits]\nmax_concurrent_calls = 1";
+    dir.write(
+        "legacy.toml",
+        &manifest("legacy", &format!("protocol = \"2025-11-25\"\n{limits}")),
+    );
+    dir.write("modern.toml", &manifest("modern", limits));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    // Legacy waits on tasks/result, modern polls tasks/get: either request
+    // reaching the child says the task exists and the call follows it.
+    for (n, (id, follows)) in [
+        ("legacy", "task: tasks/result"),
+        ("modern", "task: tasks/get"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = mark();
+        let session = json!({"session_id": format!("kitchen-{id}")});
+        bus.send(
+            "ovos.persona.tools.call",
+            json!({"toolbox_id": id, "name": "forever", "kwargs": {}}),
+            json!({"mark": m, "session": session}),
+        )
+        .await;
+        let before = daemon.log_lines_with(follows).len();
+        common::wait_until("the call follows its task", common::ANSWER_DEADLINE, || {
+            daemon.log_lines_with(follows).len() > before
+        });
+        bus.send("mycroft.stop", json!({}), json!({"session": session}))
+            .await;
+        let answer = bus
+            .wait_for(common::ANSWER_DEADLINE, |msg| {
+                msg["type"] == "ovos.persona.tools.call.response" && msg["context"]["mark"] == m
+            })
+            .await
+            .expect("the stopped call's answer");
+        assert_eq!(
+            answer["data"]["error"],
+            "CancelledError: call cancelled by stop"
+        );
+        daemon.wait_for_log("task: tasks/cancel", n + 1, common::ANSWER_DEADLINE);
+        daemon.wait_for_log("task: stopped working on", n + 1, common::ANSWER_DEADLINE);
+        // Its only slot is free again.
+        let r = bus.call(id, "quick", json!({})).await;
+        assert_eq!(r["result"]["content"], "as a task", "{id}: {r}");
+    }
+}
