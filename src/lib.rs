@@ -15,6 +15,8 @@
 //!   carried out, whether asked by the control socket, SIGHUP or the bus.
 //! - [`cancel`]: the global stop: calls in flight by session, and the
 //!   token a stop cancels each with.
+//! - [`progress`]: a call's progress, relayed to its caller on the bus
+//!   within a rate.
 //! - [`answers`]: how a call's outcome reads on the bus: result mapping and
 //!   every error text.
 //! - [`registry`]: the catalog of hosted toolboxes and their tools.
@@ -64,6 +66,7 @@ pub mod mcp;
 pub mod notify;
 pub mod operator;
 pub mod peers;
+pub mod progress;
 pub mod registry;
 pub mod sandbox;
 pub mod scaffold;

@@ -6,6 +6,15 @@
 use serde::Serialize;
 use serde_json::{json, Value};
 
+mod progress;
+mod task;
+
+pub use progress::{parse_progress, Progress};
+pub use task::{
+    created_task, legacy_tasks, task_state, task_support, LegacyTasks, TaskState, TaskStatus,
+    TaskSupport, TASKS_EXTENSION,
+};
+
 /// JSON-RPC "method not found".
 pub const METHOD_NOT_FOUND: i64 = -32601;
 /// MCP (modern era) "unsupported protocol version".
@@ -99,7 +108,8 @@ pub fn parse_line(line: &[u8]) -> Result<Incoming, FrameError> {
     }
 }
 
-fn rpc_error_from(error: Value) -> RpcError {
+/// Reads a JSON-RPC error object (missing fields read as 0 and "").
+pub fn rpc_error_from(error: Value) -> RpcError {
     RpcError {
         code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
         message: error
@@ -188,6 +198,16 @@ pub fn modern_meta(version: &str) -> Value {
         "io.modelcontextprotocol/clientCapabilities": {},
         "io.modelcontextprotocol/clientInfo": client_info(),
     })
+}
+
+/// The `_meta` of a modern `tools/call` and of the task requests that
+/// follow it: [`modern_meta`], with the tasks extension declared, since
+/// toolboxd follows a task the server answers with (docs/protocol.md).
+pub fn modern_call_meta(version: &str) -> Value {
+    let mut meta = modern_meta(version);
+    meta["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"extensions": {TASKS_EXTENSION: {}}});
+    meta
 }
 
 /// Who toolboxd is, as MCP `Implementation`.
@@ -517,6 +537,14 @@ mod tests {
                 "io.modelcontextprotocol/clientCapabilities": {},
                 "io.modelcontextprotocol/clientInfo": info,
             })
+        );
+        assert_eq!(
+            modern_call_meta("2026-01-01")["io.modelcontextprotocol/clientCapabilities"],
+            json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
+        );
+        assert_eq!(
+            modern_call_meta("2026-01-01")["io.modelcontextprotocol/protocolVersion"],
+            "2026-01-01"
         );
     }
 

@@ -19,6 +19,7 @@ use crate::manifest::valid_id;
 use crate::object;
 use crate::operator::{Operation, Operators, Outcome};
 use crate::peers::{Asker, Peers};
+use crate::progress;
 use crate::registry::{Catalog, Registry, Resolved};
 use crate::throttle::LogBudget;
 use crate::tool::Tool;
@@ -418,7 +419,8 @@ impl Service {
 
     /// One call, top-down: validate the arguments (before the child sees
     /// anything), call the child (a stop for the request's session cancels
-    /// it), map its result, validate the output, count.
+    /// it; its progress is relayed to the caller while it runs), map its
+    /// result, validate the output, count.
     async fn run(
         &self,
         request: &Message,
@@ -432,7 +434,23 @@ impl Service {
             .await
             .map_err(|why| answers::invalid_arguments(name, id, &why))?;
         let (mut cancel, _in_flight) = self.in_flight.register(session_of(request));
-        let outcome = match handle.call(name, args, arrived.at, &mut cancel).await {
+        // Progress reports on the call topic: the persona one for the
+        // predecessor topic too.
+        let topic = if request.msg_type == INVOKE {
+            INVOKE
+        } else {
+            PERSONA_CALL
+        };
+        let about = progress::About {
+            request,
+            topic,
+            toolbox: id,
+            tool: name,
+        };
+        let (progress, reports) = progress::channel();
+        let call = handle.call_with_progress(name, args, arrived.at, &mut cancel, Some(progress));
+        let called = progress::relayed(&self.out, about, reports, call).await;
+        let outcome = match called {
             Ok(raw) => answers::map_call_result(raw, tool.has_output_schema).and_then(|result| {
                 tool.check_output(&result)
                     .map_err(|why| answers::invalid_output(name, id, &why))?;

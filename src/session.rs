@@ -2,17 +2,21 @@
 //! tool calls and liveness probes (docs/protocol.md). Every MCP method name toolboxd
 //! sends is written here.
 
-use std::sync::Arc;
+mod tasks;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use serde::ser::SerializeMap;
 use serde_json::value::RawValue;
 
 use serde_json::{json, Map, Value};
 
 use crate::cancel::Cancel;
-use crate::child::{RpcFailure, RpcHandle};
+use crate::child::{ProgressSender, RpcFailure, RpcHandle};
 use crate::manifest::{LEGACY_VERSIONS, MODERN_VERSIONS};
-use crate::mcp::{self, Era, ToolSpec};
+use crate::mcp::{self, Era, LegacyTasks, TaskSupport, ToolSpec};
 
 /// Most `tools/list` pages followed before giving up on a looping cursor.
 pub const MAX_PAGES: usize = 100;
@@ -55,8 +59,16 @@ pub struct Session {
     rpc: RpcHandle,
     /// The era and version in force, which decides the shape of every request.
     era: Era,
-    /// The modern era's `_meta`, serialized once: every `tools/call` carries it.
-    meta: Option<Arc<RawValue>>,
+    /// The entries of the modern era's `tools/call` `_meta`, each value
+    /// serialized once: every call carries them.
+    meta: Arc<[(String, Box<RawValue>)]>,
+    /// What a legacy child offers for task-augmented `tools/call` (its
+    /// `initialize` capabilities, in a version that has tasks); `None` for
+    /// no tasks. A modern server decides per call, so this is `None` there.
+    tasks: Option<LegacyTasks>,
+    /// The tools the child allows or requires to run as tasks, by name, as
+    /// its latest listing said (shared by the session's clones).
+    task_tools: Arc<RwLock<HashMap<String, TaskSupport>>>,
 }
 
 /// `tools/call` params, serialized straight from the call's parts.
@@ -64,20 +76,63 @@ pub struct Session {
 struct CallParams<'a> {
     name: &'a str,
     arguments: &'a Value,
-    #[serde(rename = "_meta", skip_serializing_if = "Option::is_none")]
-    meta: Option<&'a RawValue>,
+    #[serde(rename = "_meta", skip_serializing_if = "CallMeta::is_empty")]
+    meta: CallMeta<'a>,
+    /// `{ttl}`: the call is made as a legacy task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task: Option<Value>,
+}
+
+/// A `tools/call`'s `_meta`: its progress token, then the session's
+/// pre-serialized entries (the modern era's).
+struct CallMeta<'a> {
+    /// The call's `progressToken`, when it asks for progress.
+    progress_token: Option<u64>,
+    /// The session's entries.
+    entries: &'a [(String, Box<RawValue>)],
+}
+
+impl CallMeta<'_> {
+    fn is_empty(&self) -> bool {
+        self.progress_token.is_none() && self.entries.is_empty()
+    }
+}
+
+impl serde::Serialize for CallMeta<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        if let Some(token) = self.progress_token {
+            map.serialize_entry("progressToken", &token)?;
+        }
+        for (key, value) in self.entries {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
 }
 
 impl Session {
-    /// A session in `era` over `rpc`.
-    fn new(rpc: RpcHandle, era: Era) -> Session {
+    /// A session in `era` over `rpc`, offering `tasks` (legacy).
+    fn new(rpc: RpcHandle, era: Era, tasks: Option<LegacyTasks>) -> Session {
         let meta = match &era {
-            Era::Modern(version) => serde_json::value::to_raw_value(&mcp::modern_meta(version))
-                .ok()
-                .map(Arc::from),
-            Era::Legacy(_) => None,
+            // A modern call declares the tasks extension: toolboxd follows a
+            // task the server answers with.
+            Era::Modern(version) => match mcp::modern_call_meta(version) {
+                Value::Object(entries) => entries
+                    .into_iter()
+                    .filter_map(|(k, v)| Some((k, serde_json::value::to_raw_value(&v).ok()?)))
+                    .collect(),
+                _ => Arc::from([]),
+            },
+            Era::Legacy(_) => Arc::from([]),
         };
-        Session { rpc, era, meta }
+        Session {
+            rpc,
+            era,
+            meta,
+            tasks,
+            task_tools: Arc::default(),
+        }
     }
 }
 
@@ -108,7 +163,7 @@ impl Session {
     ) -> Result<Session, HandshakeError> {
         if let Some(version) = pin {
             if MODERN_VERSIONS.contains(&version) {
-                return Ok(Session::new(rpc, Era::Modern(version.to_owned())));
+                return Ok(Session::new(rpc, Era::Modern(version.to_owned()), None));
             }
             return Session::initialize(rpc, version, request_timeout).await;
         }
@@ -121,10 +176,10 @@ impl Session {
             Ok(Ok(result)) => {
                 let supported = string_list(result.get("supportedVersions"));
                 match choose(&supported) {
-                    Some(Era::Modern(v)) => Ok(Session::new(rpc, Era::Modern(v))),
+                    Some(Era::Modern(v)) => Ok(Session::new(rpc, Era::Modern(v), None)),
                     Some(Era::Legacy(v)) => Session::initialize(rpc, &v, request_timeout).await,
                     None if supported.is_empty() => {
-                        Ok(Session::new(rpc, Era::Modern(preferred.to_owned())))
+                        Ok(Session::new(rpc, Era::Modern(preferred.to_owned()), None))
                     }
                     None => Err(HandshakeError::NoCommonVersion(supported.join(", "))),
                 }
@@ -136,7 +191,7 @@ impl Session {
                         .or_else(|| data.get("supportedVersions")),
                 );
                 match choose(&supported) {
-                    Some(Era::Modern(v)) => Ok(Session::new(rpc, Era::Modern(v))),
+                    Some(Era::Modern(v)) => Ok(Session::new(rpc, Era::Modern(v), None)),
                     _ => Err(HandshakeError::NoCommonVersion(supported.join(", "))),
                 }
             }
@@ -177,8 +232,10 @@ impl Session {
                 "child chose MCP version {agreed:?}, unknown to toolboxd; carrying on"
             );
         }
+        let capabilities = result.get("capabilities").unwrap_or(&Value::Null);
+        let tasks = mcp::legacy_tasks(agreed, capabilities);
         rpc.notify("notifications/initialized", Value::Null);
-        Ok(Session::new(rpc, Era::Legacy(agreed.to_owned())))
+        Ok(Session::new(rpc, Era::Legacy(agreed.to_owned()), tasks))
     }
 
     /// The era and version in force.
@@ -210,6 +267,7 @@ impl Session {
     ) -> Result<(Vec<ToolSpec>, Vec<String>), HandshakeError> {
         let mut tools = Vec::new();
         let mut problems = Vec::new();
+        let mut task_tools = HashMap::new();
         let mut cursor: Option<String> = None;
         let mut bytes = 0;
         for _ in 0..MAX_PAGES {
@@ -230,6 +288,19 @@ impl Session {
                 )));
             }
             let (entries, next) = mcp::parse_tools_page(&page);
+            for tool in page
+                .get("tools")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let support = mcp::task_support(tool);
+                if let (TaskSupport::Optional | TaskSupport::Required, Some(name)) =
+                    (support, tool.get("name").and_then(Value::as_str))
+                {
+                    task_tools.entry(name.to_owned()).or_insert(support);
+                }
+            }
             if tools.len() + entries.len() > MAX_TOOLS {
                 return Err(HandshakeError::Bad(format!(
                     "tools/list lists more than {MAX_TOOLS} tools"
@@ -243,12 +314,52 @@ impl Session {
             }
             match next {
                 Some(c) => cursor = Some(c),
-                None => return Ok((tools, problems)),
+                None => {
+                    self.set_task_tools(task_tools);
+                    return Ok((tools, problems));
+                }
             }
         }
         Err(HandshakeError::Bad(format!(
             "tools/list returned more than {MAX_PAGES} pages"
         )))
+    }
+
+    /// Keeps what the latest listing says of tasks; says once which tools
+    /// require tasks the session cannot give them (their calls will fail).
+    fn set_task_tools(&self, listed: HashMap<String, TaskSupport>) {
+        let mut known = self.task_tools.write().unwrap_or_else(|e| e.into_inner());
+        if *known == listed {
+            return;
+        }
+        if matches!(self.era, Era::Legacy(_)) && self.tasks.is_none() {
+            let mut stranded: Vec<&str> = listed
+                .iter()
+                .filter(|(_, s)| **s == TaskSupport::Required)
+                .map(|(name, _)| name.as_str())
+                .collect();
+            if !stranded.is_empty() {
+                stranded.sort_unstable();
+                let (toolbox, pid) = self.rpc.owner();
+                tracing::warn!(
+                    toolbox,
+                    pid,
+                    "tools {stranded:?} require MCP tasks, but the child's session ({}) offers \
+                     none for tools/call (tasks need MCP 2025-11-25 and the server's \
+                     tasks.requests.tools.call capability): their calls will fail",
+                    self.era
+                );
+            }
+        }
+        *known = listed;
+    }
+
+    /// Whether a legacy call of `tool` is made as a task: the server offers
+    /// tasks and the tool allows or requires them.
+    fn as_legacy_task(&self, tool: &str) -> Option<LegacyTasks> {
+        let tasks = self.tasks?;
+        let known = self.task_tools.read().unwrap_or_else(|e| e.into_inner());
+        known.contains_key(tool).then_some(tasks)
     }
 
     /// Why the child was cut off for breaking the protocol, if it was.
@@ -261,9 +372,12 @@ impl Session {
         self.rpc.is_closed()
     }
 
-    /// One `tools/call` until `deadline`; the raw MCP result. `hold` (the
-    /// call's slot) stays held until the child is done with the call, even
-    /// past the deadline.
+    /// One `tools/call` until `deadline` (or a stop: `cancel`); the raw MCP
+    /// result. `hold` (the call's slot) stays held until the child is done
+    /// with the call, even past the deadline. With `progress`, the call
+    /// carries a `progressToken` and the child's progress notifications for
+    /// it go there. A tool the child runs as a task is followed to its
+    /// result ([`tasks`]).
     pub async fn call_tool(
         &self,
         name: &str,
@@ -271,15 +385,42 @@ impl Session {
         deadline: tokio::time::Instant,
         cancel: &mut Cancel,
         hold: Box<dyn Send>,
+        progress: Option<ProgressSender>,
     ) -> Result<Value, RpcFailure> {
-        let params = CallParams {
+        // Registered for the whole call, a task's included.
+        let watch = progress.map(|sender| self.rpc.watch_progress(sender));
+        let mut params = CallParams {
             name,
             arguments: &arguments,
-            meta: self.meta.as_deref(),
+            meta: CallMeta {
+                progress_token: watch.as_ref().map(|w| w.token()),
+                entries: &self.meta,
+            },
+            task: None,
         };
-        self.rpc
-            .request_until("tools/call", &params, deadline, cancel, hold)
-            .await
+        let flavour = match &self.era {
+            Era::Modern(version) => tasks::Flavour::Modern { version },
+            Era::Legacy(_) => match self.as_legacy_task(name) {
+                Some(offer) => {
+                    // Kept a while past the deadline, so a result that is
+                    // ready just then can still be fetched.
+                    let ttl = deadline.saturating_duration_since(tokio::time::Instant::now())
+                        + Duration::from_secs(30);
+                    let ttl = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+                    params.task = Some(json!({"ttl": ttl}));
+                    tasks::Flavour::Legacy {
+                        cancel: offer.cancel,
+                    }
+                }
+                None => {
+                    return self
+                        .rpc
+                        .request_until("tools/call", &params, deadline, cancel, hold)
+                        .await
+                }
+            },
+        };
+        tasks::call(&self.rpc, name, &params, deadline, cancel, hold, flavour).await
     }
 
     /// The liveness probe: `ping` (legacy) or `server/discover` (modern).

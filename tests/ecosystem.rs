@@ -1,21 +1,28 @@
 //! Toolboxes nobody on this project wrote, run unchanged: the reference MCP
-//! server `mcp-server-time`, a server on the official MCP Python SDK, and an
-//! OVOS ToolBox plugin served by examples/python/opm_host.py. All installed
-//! from PyPI into .venv by scripts/test (tests/requirements.txt).
+//! servers `mcp-server-time` (Python) and `@modelcontextprotocol/server-everything`
+//! (Node), servers on the official MCP Python SDK's 2.x and 1.x lines, and an
+//! OVOS ToolBox plugin served by examples/python/opm_host.py. scripts/test
+//! installs them: .venv (tests/requirements.txt), .venv-mcp1
+//! (tests/requirements-mcp1.txt), tests/node (its package-lock.json).
 
 mod common;
 
-use common::{repo, Bus, Daemon, TempDir};
+use common::{mark, repo, Bus, Daemon, TempDir};
 use serde_json::{json, Value};
 
-fn venv_bin(name: &str) -> String {
-    let path = common::root().join(".venv/bin").join(name);
+/// A file the test set-up installed, under the repository.
+fn installed(path: &str) -> String {
+    let path = common::root().join(path);
     assert!(
         path.exists(),
         "{} is missing: run scripts/test",
         path.display()
     );
     path.display().to_string()
+}
+
+fn venv_bin(name: &str) -> String {
+    installed(&format!(".venv/bin/{name}"))
 }
 
 fn ecosystem() -> (TempDir, Daemon) {
@@ -142,5 +149,197 @@ async fn third_party_servers_and_an_opm_plugin_are_listed_and_called() {
             "ValueError: Tool input validation failed for 'add' in ToolBox 'test-math-tools': /a: "
         ),
         "{r}"
+    );
+}
+
+/// The reference Node server, `@modelcontextprotocol/server-everything`, as
+/// its package installs it, twice: with the default limits, and with one
+/// slot and a 1 s deadline for its task tool.
+fn everything() -> (TempDir, Daemon) {
+    let dir = TempDir::new("eco-node");
+    let server = installed("tests/node/node_modules/.bin/mcp-server-everything");
+    dir.write(
+        "everything.toml",
+        &format!("id = \"everything\"\ncommand = \"{server}\"\nargs = [\"stdio\"]\n"),
+    );
+    dir.write(
+        "everything_short.toml",
+        &format!(
+            "id = \"everything_short\"\ncommand = \"{server}\"\nargs = [\"stdio\"]\n\
+             [limits]\nmax_concurrent_calls = 1\n\
+             [limits.tool_timeouts]\nsimulate-research-query = 1\n"
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    (dir, daemon)
+}
+
+#[tokio::test]
+async fn the_reference_node_server_is_listed_and_called_its_task_tool_included() {
+    let (_dir, daemon) = everything();
+    for id in ["everything", "everything_short"] {
+        let row = daemon.status(id);
+        assert_eq!(
+            (row["state"].as_str(), row["era"].as_str()),
+            (Some("ready"), Some("legacy MCP 2025-11-25")),
+            "{row}"
+        );
+    }
+    let mut bus = Bus::connect(&daemon.url).await;
+    let answers = bus.discover(2).await;
+    let names: Vec<&str> = answers[0]
+        .1
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "echo",
+            "get-annotated-message",
+            "get-env",
+            "get-resource-links",
+            "get-resource-reference",
+            "get-structured-content",
+            "get-sum",
+            "get-tiny-image",
+            "gzip-file-as-resource",
+            "toggle-simulated-logging",
+            "toggle-subscriber-updates",
+            "trigger-long-running-operation",
+            "simulate-research-query",
+        ]
+    );
+
+    let r = bus
+        .call("everything", "echo", json!({"message": "hi"}))
+        .await;
+    assert_eq!(r["result"]["content"], "Echo: hi", "{r}");
+    let r = bus
+        .call("everything", "get-sum", json!({"a": 2, "b": 3}))
+        .await;
+    assert_eq!(r["result"]["content"], "The sum of 2 and 3 is 5.", "{r}");
+    let r = bus
+        .call(
+            "everything",
+            "get-structured-content",
+            json!({"location": "Chicago"}),
+        )
+        .await;
+    assert!(r["result"]["temperature"].is_number(), "{r}");
+
+    // The task tool: created, waited for, answered once.
+    let m = mark();
+    let r = bus
+        .call_routed(
+            &m,
+            "everything",
+            "simulate-research-query",
+            json!({"topic": "otters"}),
+        )
+        .await;
+    let report = r["result"]["content"].as_str().unwrap_or_default();
+    assert!(report.starts_with("# Research Report: otters"), "{r}");
+
+    // Progress notifications reach the caller.
+    let m = mark();
+    let r = bus
+        .call_routed(
+            &m,
+            "everything",
+            "trigger-long-running-operation",
+            json!({"duration": 1, "steps": 4}),
+        )
+        .await;
+    assert_eq!(
+        r["result"]["content"],
+        "Long running operation completed. Duration: 1 seconds, Steps: 4."
+    );
+    let progress = bus.progress_of(&m);
+    assert!(!progress.is_empty(), "no progress on the bus");
+    for p in &progress {
+        assert_eq!(
+            (&p["toolbox_id"], &p["name"], &p["total"]),
+            (
+                &json!("everything"),
+                &json!("trigger-long-running-operation"),
+                &json!(4)
+            ),
+            "{p}"
+        );
+    }
+
+    // Past its deadline the task is cancelled, and its one slot serves again.
+    let r = bus
+        .call(
+            "everything_short",
+            "simulate-research-query",
+            json!({"topic": "x"}),
+        )
+        .await;
+    assert_eq!(
+        r["error"],
+        "TimeoutError: tool 'simulate-research-query' in toolbox 'everything_short' did not \
+         answer within 1 s"
+    );
+    daemon.wait_for_log(
+        "cancelling the task of a call that is over",
+        1,
+        common::ANSWER_DEADLINE,
+    );
+    let r = bus
+        .call("everything_short", "echo", json!({"message": "again"}))
+        .await;
+    assert_eq!(r["result"]["content"], "Echo: again", "{r}");
+}
+
+#[tokio::test]
+async fn a_server_on_the_python_sdk_1x_line_is_listed_and_called() {
+    let dir = TempDir::new("eco-mcp1");
+    let python = installed(".venv-mcp1/bin/python");
+    dir.write(
+        "fastmcp1.toml",
+        &format!(
+            "id = \"fastmcp1\"\ncommand = \"{python}\"\nargs = [\"{}\"]\n",
+            repo("tests/fixtures/fastmcp1_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let row = daemon.status("fastmcp1");
+    assert_eq!(row["era"], "legacy MCP 2025-11-25", "{row}");
+    let mut bus = Bus::connect(&daemon.url).await;
+    let answers = bus.discover(1).await;
+    let names: Vec<&str> = answers[0]
+        .1
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["add", "greet", "refuse", "countdown"]);
+
+    let r = bus.call("fastmcp1", "add", json!({"a": 2, "b": 3})).await;
+    assert_eq!(r["result"], json!({"total": 5}));
+    let r = bus.call("fastmcp1", "greet", json!({"name": "Ada"})).await;
+    assert_eq!(r["result"]["content"], "Hello, Ada!");
+    let r = bus
+        .call("fastmcp1", "refuse", json!({"reason": "not today"}))
+        .await;
+    assert_eq!(
+        r["error"],
+        "ToolError: Error executing tool refuse: not today"
+    );
+
+    // The SDK's Context.report_progress reaches the caller.
+    let m = mark();
+    let r = bus
+        .call_routed(&m, "fastmcp1", "countdown", json!({"steps": 5}))
+        .await;
+    assert_eq!(r["result"]["content"], "liftoff");
+    let progress = bus.progress_of(&m);
+    assert!(!progress.is_empty(), "no progress on the bus");
+    // Numbers as the SDK sends them (floats).
+    assert_eq!(
+        progress[0],
+        json!({"toolbox_id": "fastmcp1", "name": "countdown", "progress": 1.0, "total": 5.0,
+               "message": "4 to go"})
     );
 }

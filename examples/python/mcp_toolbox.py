@@ -20,7 +20,9 @@ Each ``tools/call`` runs on a worker thread, so a slow tool never delays a fast
 one. A tool returns a dict (its structured output, checked by the supervisor
 against ``output_schema``) or, without an output schema, anything printable.
 An exception becomes an error whose text starts with its class name
-(``ValueError: ...``): that is what the caller on the bus sees.
+(``ValueError: ...``): that is what the caller on the bus sees. A long tool
+can say how far it is with ``box.progress(done, total, "message")``: the
+caller on the bus sees it as a progress message.
 
 Logging goes to stderr; stdout carries only protocol lines.
 """
@@ -47,6 +49,8 @@ class Toolbox:
         self._tools = {}
         self._pool = ThreadPoolExecutor(max_workers=workers)
         self._write_lock = threading.Lock()
+        # The progress token of the call each worker thread is running.
+        self._calls = threading.local()
         # Set MCP_TOOLBOX_RECORD to a file path to log every request received.
         self._record = os.environ.get("MCP_TOOLBOX_RECORD")
 
@@ -66,6 +70,19 @@ class Toolbox:
         if output_schema is not None:
             spec["outputSchema"] = output_schema
         self._tools[spec["name"]] = (fn, spec)
+
+    def progress(self, progress, total=None, message=None):
+        """Inside a tool: report how far its call is (MCP notifications/progress).
+        Does nothing when the caller asked for no progress."""
+        token = getattr(self._calls, "progress_token", None)
+        if token is None:
+            return
+        params = {"progressToken": token, "progress": progress}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        self._send({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
     # -- wire -------------------------------------------------------------
 
@@ -154,18 +171,21 @@ class Toolbox:
         if name not in self._tools:
             self._error(msg_id, INVALID_PARAMS, f"Unknown tool: {name}")
             return
-        fn, spec = self._tools[name]
+        self._result(msg_id, self._run(params), modern)
+
+    def _run(self, params):
+        """Runs the tool ``params`` names; its CallToolResult."""
+        fn, spec = self._tools[params.get("name")]
+        self._calls.progress_token = (params.get("_meta") or {}).get("progressToken")
         try:
             output = fn(**(params.get("arguments") or {}))
         except Exception as e:  # the tool raised: report it, keep serving
             text = f"{type(e).__name__}: {e}"
-            self._result(msg_id, {"content": [{"type": "text", "text": text}],
-                                  "isError": True}, modern)
-            return
+            return {"content": [{"type": "text", "text": text}], "isError": True}
+        finally:
+            self._calls.progress_token = None
         if "outputSchema" in spec:
-            result = {"content": [{"type": "text", "text": json.dumps(output)}],
-                      "structuredContent": output}
-        else:
-            text = output if isinstance(output, str) else json.dumps(output)
-            result = {"content": [{"type": "text", "text": text}]}
-        self._result(msg_id, result, modern)
+            return {"content": [{"type": "text", "text": json.dumps(output)}],
+                    "structuredContent": output}
+        text = output if isinstance(output, str) else json.dumps(output)
+        return {"content": [{"type": "text", "text": text}]}

@@ -16,7 +16,7 @@ mod group;
 mod logs;
 mod rpc;
 
-pub use rpc::{RpcFailure, RpcHandle};
+pub use rpc::{PastDeadline, ProgressSender, ProgressWatch, RpcFailure, RpcHandle};
 
 use std::fmt;
 use std::process::{Command, Stdio};

@@ -19,7 +19,24 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::logs::{log_child_message, LogBudget, MESSAGES_PER_SECOND};
 use super::{ChildEvent, ExitInfo};
 use crate::cancel::Cancel;
-use crate::mcp::{self, FrameError, Incoming, RpcError};
+use crate::mcp::{self, FrameError, Incoming, Progress, RpcError};
+
+/// Where a call's progress goes: the latest `notifications/progress` of the
+/// call replaces any its reader has not taken yet, so a child that floods
+/// progress costs one value per call, never a queue.
+pub type ProgressSender = watch::Sender<Option<Progress>>;
+
+/// What a request does when its deadline passes (or a stop cancels it)
+/// before its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PastDeadline {
+    /// Tell the child to drop it (`notifications/cancelled`).
+    Cancel,
+    /// Leave it to finish: the answer ends something the caller still
+    /// holds (a task's result, or the answer to a `tasks/get`), and the
+    /// caller ends the work itself (`tasks/cancel`).
+    LetFinish,
+}
 
 /// Why a request to a child got no result.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -86,6 +103,8 @@ pub(super) struct Link {
     /// Ends the child once it is cut off: its owner knows what the child is
     /// (a process group) and how to end it safely.
     kill: Kill,
+    /// Calls that asked for progress, by the `progressToken` they sent.
+    progress: Mutex<HashMap<u64, ProgressSender>>,
 }
 
 impl Link {
@@ -111,6 +130,7 @@ impl Link {
             stdin_budget,
             cut: std::sync::OnceLock::new(),
             kill,
+            progress: Mutex::new(HashMap::new()),
         });
         (link, queued)
     }
@@ -141,6 +161,28 @@ impl Link {
         }
         if self.stdin.send(line).is_err() {
             self.queued.fetch_sub(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Hands a `notifications/progress` to the call that sent its token.
+    /// Every progress notification from a child passes here; one for no call
+    /// (late, or made up) is dropped.
+    fn progress(&self, params: &Value) {
+        let Some((token, progress)) = mcp::parse_progress(params) else {
+            tracing::trace!(toolbox = %self.toolbox, pid = self.pid, "malformed notifications/progress ignored");
+            return;
+        };
+        let calls = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        match calls.get(&token) {
+            Some(sender) => {
+                sender.send_replace(Some(progress));
+            }
+            None => tracing::trace!(
+                toolbox = %self.toolbox,
+                pid = self.pid,
+                token,
+                "progress for no call in flight ignored"
+            ),
         }
     }
 
@@ -187,6 +229,31 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// A call's `progressToken`, registered while this lives.
+pub struct ProgressWatch {
+    /// Where the token is registered.
+    link: Arc<Link>,
+    /// The token the call sends in `_meta.progressToken`.
+    token: u64,
+}
+
+impl ProgressWatch {
+    /// The token to send.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+}
+
+impl Drop for ProgressWatch {
+    fn drop(&mut self) {
+        self.link
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.token);
+    }
+}
+
 /// A cheap handle for sending requests to one child; clone it freely.
 #[derive(Clone)]
 pub struct RpcHandle {
@@ -219,6 +286,23 @@ impl RpcHandle {
         cancel: &mut Cancel,
         hold: Box<dyn Send>,
     ) -> Result<Value, RpcFailure> {
+        self.request_until_then(method, params, deadline, cancel, hold, PastDeadline::Cancel)
+            .await
+    }
+
+    /// [`RpcHandle::request_until`], saying what happens to the request when
+    /// the caller gives up on it (deadline or stop): either way the caller
+    /// gets `TimedOut` or `Cancelled` at once and `hold` stays held until the
+    /// child answers or is gone.
+    pub async fn request_until_then<P: serde::Serialize + ?Sized>(
+        &self,
+        method: &str,
+        params: &P,
+        deadline: tokio::time::Instant,
+        cancel: &mut Cancel,
+        hold: Box<dyn Send>,
+        past_deadline: PastDeadline,
+    ) -> Result<Value, RpcFailure> {
         let link = &*self.link;
         let (id, mut rx, mut guard) = self.send_request(method, params)?;
         let (failure, reason) = tokio::select! {
@@ -239,8 +323,10 @@ impl RpcHandle {
             None => false,
         };
         if abandoned {
-            let params = serde_json::json!({"requestId": id, "reason": reason});
-            link.send(mcp::notification_line("notifications/cancelled", &params));
+            if past_deadline == PastDeadline::Cancel {
+                let params = serde_json::json!({"requestId": id, "reason": reason});
+                link.send(mcp::notification_line("notifications/cancelled", &params));
+            }
             return Err(failure);
         }
         // Answered (or closed) just as the call gave up: take that.
@@ -294,6 +380,32 @@ impl RpcHandle {
                 done: false,
             },
         ))
+    }
+
+    /// Sends a request nobody waits for (a `tasks/cancel` when its call is
+    /// over): `hold` stays held until the child answers it or is gone.
+    pub fn request_detached(&self, method: &str, params: &Value, hold: Box<dyn Send>) {
+        if let Ok((id, _answer, mut guard)) = self.send_request(method, params) {
+            guard.done = true;
+            if let Some(waiter) = self.link.lock_pending().get_mut(&id) {
+                *waiter = Waiter::Abandoned(hold);
+            }
+        }
+    }
+
+    /// Registers a call's progress token: the child's progress
+    /// notifications for it go to `sender` until the watch is dropped.
+    pub fn watch_progress(&self, sender: ProgressSender) -> ProgressWatch {
+        let token = self.link.next_id.fetch_add(1, Ordering::Relaxed);
+        self.link
+            .progress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token, sender);
+        ProgressWatch {
+            link: self.link.clone(),
+            token,
+        }
     }
 
     /// Sends a notification; a child that is gone is not an error here.
@@ -441,14 +553,15 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
                     Some(Waiter::Caller(tx)) => {
                         let _ = tx.send(result.map_err(RpcFailure::Rpc));
                     }
-                    // The late answer to a call past its deadline: what it
-                    // held (its slot) is released now.
+                    // The late answer to a call past its deadline, or to a
+                    // request nobody waits for: what it held (its slot) is
+                    // released now.
                     Some(Waiter::Abandoned(_)) => {
                         tracing::debug!(
                             toolbox,
                             pid,
                             ?id,
-                            "late answer to a call past its deadline"
+                            "answer to a request nobody waits for any more"
                         );
                     }
                     // A late answer to a call that timed out lands here too.
@@ -479,6 +592,7 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
                 "notifications/tools/list_changed" => {
                     let _ = events.send(ChildEvent::ToolsChanged);
                 }
+                "notifications/progress" => link.progress(&params),
                 "notifications/message" => {
                     if let Some(dropped) = messages.take() {
                         if dropped > 0 {

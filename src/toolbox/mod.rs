@@ -448,6 +448,20 @@ impl ToolboxHandle {
         arrived: Instant,
         cancel: &mut Cancel,
     ) -> Result<Value, CallError> {
+        self.call_with_progress(tool, args, arrived, cancel, None)
+            .await
+    }
+
+    /// [`ToolboxHandle::call`], with the child's progress notifications for
+    /// the call sent to `progress`.
+    pub async fn call_with_progress(
+        &self,
+        tool: &str,
+        args: Value,
+        arrived: Instant,
+        cancel: &mut Cancel,
+        progress: Option<crate::child::ProgressSender>,
+    ) -> Result<Value, CallError> {
         let waiting = self.stats.in_flight.fetch_add(1, Ordering::Relaxed) as usize;
         let _count = InFlightCount(&self.stats);
         // Admission: past every slot and `max_queued_calls` waiting, refuse
@@ -493,7 +507,7 @@ impl ToolboxHandle {
             // taken until the child answers anyway, or is gone.
             let outcome = serving
                 .session
-                .call_tool(tool, args, deadline, cancel, Box::new(slot))
+                .call_tool(tool, args, deadline, cancel, Box::new(slot), progress)
                 .await;
             return match outcome {
                 Ok(result) => {

@@ -444,6 +444,16 @@ impl Bus {
             .collect()
     }
 
+    /// Every message received so far whose context carries `mark`, any
+    /// topic, in arrival order.
+    pub fn marked(&self, mark: &str) -> Vec<Value> {
+        self.inbox
+            .iter()
+            .filter(|m| m["context"]["mark"] == mark)
+            .cloned()
+            .collect()
+    }
+
     /// Keeps reading for `window`, then returns every message of `topic`
     /// carrying `mark` received since the connection opened.
     pub async fn collect(&mut self, topic: &str, mark: &str, window: Duration) -> Vec<Value> {
@@ -502,6 +512,53 @@ impl Bus {
             let heard = self.answers_marked(m);
             assert!(heard.is_empty(), "expected silence for {m}, got {heard:#?}");
         }
+    }
+
+    /// Sends a persona call marked `m`, as a skill in session `s-7` would
+    /// (`source`, `destination`, `session` in its context); returns the data
+    /// of its one answer, failing the test unless exactly one comes.
+    pub async fn call_routed(
+        &mut self,
+        m: &str,
+        toolbox: &str,
+        name: &str,
+        kwargs: Value,
+    ) -> Value {
+        let context = json!({"mark": m, "source": "skill-x", "destination": "toolboxd",
+                             "session": {"session_id": "s-7"}});
+        let data = json!({"toolbox_id": toolbox, "name": name, "kwargs": kwargs});
+        self.send("ovos.persona.tools.call", data, context).await;
+        let answers = self
+            .expect_answers("ovos.persona.tools.call.response", m, 1)
+            .await;
+        assert_eq!(answers.len(), 1, "one answer: {answers:#?}");
+        answers[0]["data"].clone()
+    }
+
+    /// The data of the progress messages of a [`Bus::call_routed`] call
+    /// marked `m`, failing the test if one came after the answer or is not
+    /// routed like it.
+    pub fn progress_of(&self, m: &str) -> Vec<Value> {
+        let marked = self.marked(m);
+        let answer_at = marked
+            .iter()
+            .position(|msg| msg["type"] == "ovos.persona.tools.call.response")
+            .expect("the answer");
+        marked
+            .iter()
+            .enumerate()
+            .filter(|(_, msg)| msg["type"] == "ovos.persona.tools.call.progress")
+            .map(|(i, msg)| {
+                assert!(i < answer_at, "progress after the answer: {marked:#?}");
+                assert_eq!(
+                    msg["context"],
+                    json!({"mark": m, "source": "toolboxd", "destination": "skill-x",
+                           "session": {"session_id": "s-7"}}),
+                    "routed like the answer"
+                );
+                msg["data"].clone()
+            })
+            .collect()
     }
 
     /// Sends `ovos.persona.tools.discover`, waits for `expected` answers and

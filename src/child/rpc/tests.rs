@@ -9,6 +9,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines};
 use tokio::sync::{mpsc, watch};
 
 use super::{read_stdout, write_stdin, Link, RpcFailure, RpcHandle};
+use crate::cancel::Cancel;
 use crate::child::{ChildEvent, ExitInfo};
 
 /// How long a test waits for something that should happen at once.
@@ -386,4 +387,95 @@ async fn close_with_the_exit_fails_every_call_with_it() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(child.kills(), 0);
     assert_eq!(child.rpc.broken_because(), None);
+}
+
+#[tokio::test]
+async fn progress_goes_to_the_call_that_sent_its_token_until_the_watch_is_dropped() {
+    let mut child = start(64 * 1024, 64 * 1024);
+    let (sender, mut reports) = watch::channel(None);
+    let watch = child.rpc.watch_progress(sender);
+    let token = watch.token();
+    let note = |token: Value, n: u64| {
+        json!({"jsonrpc": "2.0", "method": "notifications/progress",
+               "params": {"progressToken": token, "progress": n, "message": "m"}})
+        .to_string()
+    };
+    child.say(&note(json!(token), 1)).await;
+    soon(reports.changed()).await.unwrap();
+    let got = reports.borrow_and_update().clone().unwrap();
+    assert_eq!(
+        (got.progress.as_u64(), got.message.as_deref()),
+        (Some(1), Some("m"))
+    );
+    // Another token, a malformed one: nothing reaches this call. A flood:
+    // only the latest is kept.
+    child.say(&note(json!(token + 1000), 7)).await;
+    child
+        .say(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#)
+        .await;
+    for n in 2..=50 {
+        child.say(&note(json!(token.to_string()), n)).await;
+    }
+    until("the flood's last report", || {
+        reports
+            .borrow()
+            .as_ref()
+            .is_some_and(|p| p.progress.as_u64() == Some(50))
+    })
+    .await;
+    // Once the call is over its token means nothing.
+    drop(watch);
+    reports.borrow_and_update();
+    child.say(&note(json!(token), 51)).await;
+    // A ping after it is answered only once the reader has passed the note.
+    let ping = child.call("ping");
+    let request = child.receive().await;
+    child.answer(&request["id"], json!({})).await;
+    result(ping).await.unwrap();
+    assert!(!reports.has_changed().unwrap_or(false));
+    assert_eq!(child.kills(), 0);
+}
+
+#[tokio::test]
+async fn a_request_left_to_finish_sends_no_cancel_and_holds_until_answered() {
+    let mut child = start(64 * 1024, 64 * 1024);
+    let released = Arc::new(AtomicBool::new(false));
+    let rpc = child.rpc.clone();
+    let hold = Box::new(DropFlag(released.clone()));
+    let call = tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
+        rpc.request_until_then(
+            "tasks/result",
+            &json!({}),
+            deadline,
+            &mut Cancel::never(),
+            hold,
+            super::PastDeadline::LetFinish,
+        )
+        .await
+    });
+    let request = child.receive().await;
+    assert_eq!(result(call).await, Err(RpcFailure::TimedOut));
+    // A detached request follows it; no notifications/cancelled between.
+    let released_too = Arc::new(AtomicBool::new(false));
+    child.rpc.request_detached(
+        "tasks/cancel",
+        &json!({"taskId": "t"}),
+        Box::new(DropFlag(released_too.clone())),
+    );
+    let cancel = child.receive().await;
+    assert_eq!(cancel["method"], "tasks/cancel");
+    assert_eq!(child.rpc.in_flight(), 2);
+    child.answer(&cancel["id"], json!({})).await;
+    until("the cancel's answer releases its hold", || {
+        released_too.load(Ordering::SeqCst)
+    })
+    .await;
+    assert!(!released.load(Ordering::SeqCst));
+    child.answer(&request["id"], json!({"content": []})).await;
+    until("the late result releases the slot", || {
+        released.load(Ordering::SeqCst)
+    })
+    .await;
+    assert_eq!(child.rpc.in_flight(), 0);
 }
