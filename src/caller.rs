@@ -37,7 +37,7 @@ pub async fn request(
     data: Object,
     wait: Duration,
 ) -> Result<Object, CallError> {
-    let mut ws = client::connect(url).await?;
+    let mut ws = client::connect(url).await?.ws;
     let mark = format!(
         "{}-{}",
         std::process::id(),

@@ -162,7 +162,7 @@ struct FoundBus {
     /// Its URL.
     url: String,
     /// The connection made while looking, if one was.
-    first: Option<client::WsStream>,
+    first: Option<client::Connection>,
     /// The embedded bus, if the daemon serves one; ends after `finished`.
     server: Option<JoinHandle<()>>,
 }
@@ -185,9 +185,9 @@ async fn find_bus(
         BusMode::Auto => configured_url(),
     };
     match client::connect(&url).await {
-        Ok(ws) => Ok(FoundBus {
+        Ok(connection) => Ok(FoundBus {
             url,
-            first: Some(ws),
+            first: Some(connection),
             server: None,
         }),
         Err(e) if e.is_refused() => {

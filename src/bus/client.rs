@@ -23,6 +23,16 @@ const MAX_BURST: usize = 64;
 /// A websocket connection to the bus.
 pub type WsStream = WebSocketStream<TcpStream>;
 
+/// An open connection to the bus.
+pub struct Connection {
+    /// The websocket.
+    pub ws: WsStream,
+    /// The bus is toolboxd's own (it said so in its handshake answer): it
+    /// sets TCP_NODELAY, so delayed ACKs cost nothing and TCP_QUICKACK need
+    /// not be re-armed after every read (one system call less per burst).
+    pub nodelay_peer: bool,
+}
+
 /// Why the bus could not be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -47,7 +57,7 @@ impl BusError {
 
 /// Connects once: TCP with TCP_NODELAY and TCP_QUICKACK, then the websocket
 /// handshake.
-pub async fn connect(url: &str) -> Result<WsStream, BusError> {
+pub async fn connect(url: &str) -> Result<Connection, BusError> {
     let (mut request, host, port) = parse(url)?;
     // Makes this connection known to an embedded bus in this process, which
     // then never drops it (see `server::own_token`).
@@ -63,14 +73,17 @@ pub async fn connect(url: &str) -> Result<WsStream, BusError> {
             source,
         })?;
     tcp::tune(&stream);
-    let (ws, _) =
+    let (ws, response) =
         tokio_tungstenite::client_async_with_config(request, stream, Some(super::client_config()))
             .await
             .map_err(|e| BusError::Handshake {
                 url: url.to_owned(),
                 source: Box::new(e),
             })?;
-    Ok(ws)
+    let nodelay_peer = response
+        .headers()
+        .contains_key(super::server::NODELAY_HEADER);
+    Ok(Connection { ws, nodelay_peer })
 }
 
 /// The request, host and port of a `ws://` URL.
@@ -124,7 +137,7 @@ pub async fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BusError> {
 /// frame from `outgoing`. `connected` tells whether a connection is up.
 pub async fn run(
     url: String,
-    first: Option<WsStream>,
+    first: Option<Connection>,
     mut outgoing: mpsc::UnboundedReceiver<String>,
     mut on_frame: impl FnMut(&str),
     connected: watch::Sender<bool>,
@@ -133,8 +146,8 @@ pub async fn run(
     let mut delay = Duration::from_millis(100);
     let mut next = first;
     loop {
-        let ws = match next.take() {
-            Some(ws) => ws,
+        let Connection { ws, nodelay_peer } = match next.take() {
+            Some(connection) => connection,
             None => {
                 let attempt = tokio::select! {
                     r = connect(&url) => r,
@@ -192,7 +205,9 @@ pub async fn run(
                     if let Some(ended) = ended {
                         break ended;
                     }
-                    tcp::quickack(&tcp::Fd(fd));
+                    if !nodelay_peer {
+                        tcp::quickack(&tcp::Fd(fd));
+                    }
                 }
                 frame = outgoing.recv() => {
                     let Some(frame) = frame else { return };

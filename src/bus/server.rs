@@ -49,6 +49,9 @@ pub const MAX_CLIENTS: usize = 256;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The header by which the daemon's own client makes itself known.
 pub const OWN_HEADER: &str = "x-toolboxd-own";
+/// Said in every handshake answer: this bus sets TCP_NODELAY on its sockets,
+/// so its clients need not hurry their ACKs (see `bus::tcp`).
+pub const NODELAY_HEADER: &str = "x-toolboxd-nodelay";
 /// What a client receives first, as from the Python ovos-messagebus.
 const CONNECTED: &str =
     r#"{"type": "connected", "data": {}, "context": {"session": {"session_id": "default"}}}"#;
@@ -327,6 +330,11 @@ fn check_request(
             );
         }
     }
+    let mut response = response;
+    response.headers_mut().insert(
+        NODELAY_HEADER,
+        tokio_tungstenite::tungstenite::http::HeaderValue::from_static("1"),
+    );
     Ok(response)
 }
 
@@ -508,6 +516,22 @@ impl Inbox {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_handshake_says_this_bus_sets_nodelay() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}{ROUTE}", listener.local_addr().unwrap());
+        let (trigger, shutdown) = crate::shutdown::ShutdownTrigger::new();
+        let bus = tokio::spawn(serve(listener, shutdown, false));
+        let connection = crate::bus::client::connect(&url).await.unwrap();
+        assert!(
+            connection.nodelay_peer,
+            "a client of this bus skips QUICKACK"
+        );
+        drop(connection);
+        trigger.trigger();
+        let _ = bus.await;
+    }
 
     #[test]
     fn only_loopback_origins_pass() {

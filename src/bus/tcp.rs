@@ -3,8 +3,10 @@
 //! The stock Python bus never disables Nagle's algorithm, so a peer that delays
 //! its ACKs makes the bus hold the next frame to it for ~40 ms. Every socket
 //! toolboxd opens or accepts sets TCP_NODELAY; a client socket also re-arms
-//! TCP_QUICKACK after each read (Linux clears it by itself), so its ACKs leave
-//! at once and the bus never waits on them.
+//! TCP_QUICKACK after each burst of frames it reads (Linux clears it by
+//! itself), so its ACKs leave at once and the bus never waits on them, unless
+//! the bus is toolboxd's own, which says in its handshake answer that it sets
+//! TCP_NODELAY (`x-toolboxd-nodelay`).
 
 use std::os::fd::AsRawFd;
 
