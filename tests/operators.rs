@@ -951,6 +951,7 @@ async fn every_log_line_about_a_toolbox_carries_toolbox_and_its_pid() {
         "ready",
         "shutting down: draining calls and stopping toolboxes",
         "stopped",
+        "peer check done: ids other hosts also answer for",
     ];
     let mut spawned: HashMap<String, Vec<u64>> = HashMap::new();
     for line in &lines {
