@@ -388,3 +388,39 @@ fn check_sandbox_says_what_holds_here_and_fails_on_what_cannot() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn a_toolbox_runs_as_its_own_user_when_the_daemon_is_root() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: per-toolbox users need a daemon running as root");
+        return;
+    }
+    // The system's interpreter: another user may not enter root's home,
+    // where a per-user Python may live.
+    let python = ["/usr/bin/python3", "/usr/local/bin/python3"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("a system python3");
+    let dir = TempDir::new("sandbox-user");
+    let manifest = inspector("box", "[sandbox]\nuser = \"nobody\"\ngroup = \"nogroup\"\n")
+        .replace("command = \"python3\"", &format!("command = {python:?}"));
+    dir.write("box.toml", &manifest);
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let seen = inspect(&mut bus, "box", json!({})).await;
+    let pid = seen["pid"].as_u64().expect("the child answers");
+    let ids = |field: &str| -> Vec<String> {
+        status_field(pid, field)
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(ids("Uid"), ["65534"; 4], "real, effective, saved, fs uid");
+    assert_eq!(ids("Gid"), ["65534"; 4]);
+    assert_eq!(
+        ids("Groups"),
+        Vec::<String>::new(),
+        "supplementary groups dropped"
+    );
+    assert_eq!(daemon.status("box")["state"], "ready");
+}
