@@ -1,6 +1,6 @@
 //! The control socket: a Unix socket (mode 0600) speaking line-delimited
-//! JSON-RPC, through which `toolboxd ctl` reads status and restarts, stops,
-//! starts and reloads toolboxes; and that client.
+//! JSON-RPC, through which `toolboxd ctl` reads status and logs and restarts,
+//! stops, starts and reloads toolboxes; and that client.
 //!
 //! The server only decodes requests into [`Operation`]s and hands them to the
 //! operator channel ([`crate::operator`]), which carries them out.
@@ -252,6 +252,22 @@ pub async fn request(path: &Path, operation: &Operation) -> Result<Value, Contro
     Ok(answer.get("result").cloned().unwrap_or(Value::Null))
 }
 
+/// `ctl logs`: one line per stderr line, `TIME [PID] TEXT`.
+pub fn log_lines(lines: &Value) -> String {
+    let mut out = String::new();
+    for line in lines.as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{} [{}] {}\n",
+            line["time"].as_str().unwrap_or("-"),
+            line["pid"]
+                .as_u64()
+                .map_or("-".to_owned(), |p| p.to_string()),
+            line["text"].as_str().unwrap_or("")
+        ));
+    }
+    out
+}
+
 /// `ctl status` as a table.
 pub fn status_table(rows: &Value) -> String {
     let mut out = format!(
@@ -407,7 +423,7 @@ mod tests {
             error(
                 json!(2),
                 -32602,
-                "unknown method \"frobnicate\"; use status, restart, stop, start or reload"
+                "unknown method \"frobnicate\"; use status, restart, stop, start, reload or logs"
             )
         );
         assert_eq!(

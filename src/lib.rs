@@ -10,7 +10,7 @@
 //! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
 //! - [`peers`]: the multi-host check: which toolbox ids other hosts on the
 //!   bus already answer for.
-//! - [`operator`]: the operator channel: the operations (status, reload,
+//! - [`operator`]: the operator channel: the operations (status, logs, reload,
 //!   restart, stop, start), their wire names, and the one place they are
 //!   carried out, whether asked by the control socket, SIGHUP or the bus.
 //! - [`cancel`]: the global stop: calls in flight by session, and the
@@ -45,6 +45,7 @@
 //! - [`notify`]: systemd readiness and watchdog notifications.
 //! - [`files`]: reading operator files without trusting what is at the path.
 //! - [`throttle`]: a per-second budget for log lines from outside the daemon.
+//! - [`clock`]: wall-clock times as operators read them (RFC 3339, UTC).
 //! - [`wait`]: `or_never`, for `select!` branches that apply only sometimes.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
@@ -56,6 +57,7 @@ pub mod catalog_cache;
 pub mod cgroup;
 pub mod check;
 pub mod child;
+pub mod clock;
 pub mod control;
 pub mod daemon;
 pub mod files;

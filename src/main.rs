@@ -55,6 +55,15 @@ enum CtlAction {
     Start { id: String },
     /// Re-read the manifests and apply the difference.
     Reload,
+    /// The recent stderr of one toolbox's children, oldest first.
+    Logs {
+        id: String,
+        /// How many of the last lines (the daemon keeps at most 500 per toolbox).
+        #[arg(long, default_value_t = toolboxd::operator::DEFAULT_LOG_LINES,
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+                  .range(1..=toolboxd::child::LOG_LINES as u64))]
+        lines: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -245,12 +254,17 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 CtlAction::Stop { id } => Operation::Stop(id.clone()),
                 CtlAction::Start { id } => Operation::Start(id.clone()),
                 CtlAction::Reload => Operation::Reload,
+                CtlAction::Logs { id, lines } => Operation::Logs {
+                    id: id.clone(),
+                    lines: *lines,
+                },
             };
             let result = toolboxd::control::request(&path, &operation).await?;
             match (&action, &result) {
                 (CtlAction::Status { json: false }, rows) => {
                     emit(&toolboxd::control::status_table(rows))?
                 }
+                (CtlAction::Logs { .. }, lines) => emit(&toolboxd::control::log_lines(lines))?,
                 (_, Value::String(text)) => emit(&format!("{text}\n"))?,
                 (_, other) => emit(&format!("{}\n", serde_json::to_string_pretty(other)?))?,
             }

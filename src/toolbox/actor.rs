@@ -519,7 +519,7 @@ impl Actor {
             Err(down) => {
                 tracing::error!(toolbox = self.id(), "{}", down.text);
                 if let Some(reply) = reply {
-                    let _ = reply.send(Err(down.text.clone()));
+                    let _ = reply.send(Err(down.report()));
                 }
                 self.went_down(down)
             }
@@ -529,7 +529,7 @@ impl Actor {
     /// Starts a child through the one launcher; remembers the era it speaks
     /// for the next start (or forgets a guess that failed).
     async fn launch(&mut self) -> Result<Launched, Down> {
-        match launch::launch(&self.manifest, self.pin.as_deref()).await {
+        match launch::launch(&self.manifest, self.pin.as_deref(), &self.stats.stderr).await {
             Ok(launched) => {
                 self.pin = Some(launched.session.era().version().to_owned());
                 for problem in &launched.left_out {
@@ -636,7 +636,7 @@ impl Actor {
                 );
                 Err(format!(
                     "restart failed, pid {old_pid} keeps serving: {}",
-                    down.text
+                    down.report()
                 ))
             }
         }

@@ -192,6 +192,8 @@ pub struct Stats {
     pub in_flight: AtomicU64,
     /// Restarts since the daemon started (crashes and operator restarts).
     pub restarts: AtomicU64,
+    /// The recent stderr of its children, for `ctl logs` and failure reports.
+    pub stderr: Arc<crate::child::StderrLog>,
     /// What status shows beyond the counters.
     detail: Mutex<Detail>,
 }

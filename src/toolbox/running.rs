@@ -55,6 +55,23 @@ pub(super) struct Down {
 }
 
 impl Down {
+    /// What happened, with the child's last stderr lines when it wrote any:
+    /// the answer an operator gets over `ctl`.
+    pub(super) fn report(&self) -> String {
+        if self.stderr.is_empty() {
+            return self.text.clone();
+        }
+        let mut text = format!(
+            "{}\nthe child's last stderr lines (toolboxd ctl logs shows more):",
+            self.text
+        );
+        for line in &self.stderr {
+            text.push_str("\n  ");
+            text.push_str(line);
+        }
+        text
+    }
+
     /// A child that could not finish its start: make sure it is gone, say why.
     pub(super) async fn of_failed_start(failed: LaunchError) -> Down {
         let (exit, stderr) = failed.reap().await;
