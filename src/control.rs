@@ -271,11 +271,13 @@ pub fn log_lines(lines: &Value) -> String {
 /// `ctl status` as a table.
 pub fn status_table(rows: &Value) -> String {
     let mut out = format!(
-        "{:<16} {:<10} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
+        "{:<16} {:<10} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
         "ID",
         "STATE",
         "PID",
         "UPTIME",
+        "MEM_MIB",
+        "CPU_S",
         "TOOLS",
         "RESTARTS",
         "CALLS_OK",
@@ -308,12 +310,20 @@ pub fn status_table(rows: &Value) -> String {
             .or(r["conflict"].as_str())
             .or(r["last_exit"].as_str())
             .unwrap_or("-");
+        let memory = r["memory_bytes"]
+            .as_u64()
+            .map_or("-".to_owned(), |b| format!("{:.1}", b as f64 / 1048576.0));
+        let cpu = r["cpu_s"]
+            .as_f64()
+            .map_or("-".to_owned(), |s| format!("{s:.2}"));
         out.push_str(&format!(
-            "{:<16} {:<10} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
+            "{:<16} {:<10} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
             r["id"].as_str().unwrap_or("?"),
             r["state"].as_str().unwrap_or("?"),
             pids,
             uptime,
+            memory,
+            cpu,
             num("tools"),
             num("restarts"),
             num("calls_ok"),

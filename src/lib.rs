@@ -43,6 +43,7 @@
 //! - [`check`], [`caller`], [`scaffold`]: the `check`, `list`, `call` and
 //!   `new` commands.
 //! - [`notify`]: systemd readiness and watchdog notifications.
+//! - [`proctree`]: what a toolbox's process trees use (memory, CPU), from /proc.
 //! - [`files`]: reading operator files without trusting what is at the path.
 //! - [`throttle`]: a per-second budget for log lines from outside the daemon.
 //! - [`clock`]: wall-clock times as operators read them (RFC 3339, UTC).
@@ -68,6 +69,7 @@ pub mod mcp;
 pub mod notify;
 pub mod operator;
 pub mod peers;
+pub mod proctree;
 pub mod progress;
 pub mod registry;
 pub mod sandbox;

@@ -401,7 +401,19 @@ fn take(registry: &Registry, request: Request, reloads: &mut Vec<Reply>) {
     let Request { operation, reply } = request;
     match operation {
         Operation::Reload => reloads.push(reply),
-        Operation::Status => reply.answer(Ok(Outcome::Status(status(&registry.snapshot())))),
+        Operation::Status => {
+            let rows = status(&registry.snapshot());
+            // Reading /proc takes a while for many processes: not on the
+            // runtime's thread.
+            tokio::spawn(async move {
+                let measured = tokio::task::spawn_blocking(move || with_usage(rows)).await;
+                reply.answer(
+                    measured
+                        .map(Outcome::Status)
+                        .map_err(|_| Refused::ShuttingDown),
+                );
+            });
+        }
         Operation::Restart(id) => {
             on_toolbox(registry, &id, reply, |h| async move { h.restart().await })
         }
@@ -500,6 +512,33 @@ pub fn status(catalog: &Catalog) -> Value {
         })
         .collect();
     Value::Array(rows)
+}
+
+/// Status rows with what each toolbox's process trees use: `processes`,
+/// `memory_bytes` (PSS, else RSS) and `cpu_s` (user + system), null when it
+/// runs no child.
+pub fn with_usage(mut rows: Value) -> Value {
+    for row in rows.as_array_mut().into_iter().flatten() {
+        let pids: Vec<u32> = row["pids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| u32::try_from(p.as_u64()?).ok())
+            .collect();
+        let usage = crate::proctree::usage(&pids);
+        if let Value::Object(row) = row {
+            row.insert("processes".to_owned(), json!(usage.map(|u| u.processes)));
+            row.insert(
+                "memory_bytes".to_owned(),
+                json!(usage.map(|u| u.memory_bytes)),
+            );
+            row.insert(
+                "cpu_s".to_owned(),
+                json!(usage.map(|u| u.cpu.as_secs_f64())),
+            );
+        }
+    }
+    rows
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! What `toolboxd ctl` tells an operator about a toolbox's children: their
 //! recent stderr (`ctl logs`), the stderr tail in the answer to a failed
-//! start or restart.
+//! start or restart, what their process trees use (`ctl status`).
 
 mod common;
 
 use serde_json::json;
 
-use common::{fixture_manifest, wait_until, Bus, Daemon, TempDir, ANSWER_DEADLINE};
+use common::{fixture_manifest, repo, wait_until, Bus, Daemon, TempDir, ANSWER_DEADLINE};
 
 #[tokio::test]
 async fn ctl_logs_prints_the_recent_stderr_of_a_toolbox_across_restarts() {
@@ -121,5 +121,60 @@ async fn a_failed_restart_or_start_answers_with_the_childs_stderr_tail() {
             .count()
             >= 2,
         "{out}"
+    );
+}
+
+#[tokio::test]
+async fn ctl_status_sums_memory_and_cpu_over_the_childs_whole_tree() {
+    let dir = TempDir::new("ctl-tree");
+    let pids = dir.path().join("grandchildren");
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\n\
+             env = {{ GRANDCHILD_PIDS = \"{}\" }}\n[sandbox]\nread_write = [\"{}\"]\n",
+            repo("tests/fixtures/faulty_toolbox.py"),
+            pids.display(),
+            dir.path().display()
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let alone = daemon.status("faulty");
+    assert_eq!(alone["processes"], 1, "{alone}");
+    let mut bus = Bus::connect(&daemon.url).await;
+    // Two grandchildren: one in the child's process group, one in a session
+    // of its own (still the toolbox's).
+    for setsid in [false, true] {
+        let r = bus
+            .call(
+                "faulty",
+                "spawn_grandchild",
+                serde_json::json!({"die": false, "setsid": setsid}),
+            )
+            .await;
+        assert_eq!(r["result"]["ok"], true, "{r}");
+    }
+    let tree = daemon.status("faulty");
+    assert_eq!(tree["processes"], 3, "{tree}");
+    assert!(
+        tree["memory_bytes"].as_u64().unwrap() > alone["memory_bytes"].as_u64().unwrap(),
+        "{alone} {tree}"
+    );
+    assert!(tree["cpu_s"].as_f64().unwrap() > 0.0, "{tree}");
+    // A stopped toolbox runs nothing.
+    assert_eq!(daemon.ctl(&["stop", "faulty"]).0, 0);
+    let stopped = daemon.status("faulty");
+    assert_eq!(
+        (
+            &stopped["processes"],
+            &stopped["memory_bytes"],
+            &stopped["cpu_s"]
+        ),
+        (
+            &serde_json::Value::Null,
+            &serde_json::Value::Null,
+            &serde_json::Value::Null
+        ),
+        "{stopped}"
     );
 }
