@@ -8,6 +8,8 @@
 //! - [`bus`]: the OVOS-MSG-1 [`bus::envelope`], a reconnecting
 //!   [`bus::client`], the embedded [`bus::server`], socket options.
 //! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
+//! - [`observe`]: how a finished call ended, reported in one place to the
+//!   [`metrics`] (Prometheus, `--metrics`) and the audit log.
 //! - [`peers`]: the multi-host check: which toolbox ids other hosts on the
 //!   bus already answer for.
 //! - [`operator`]: the operator channel: the operations (status, logs, reload,
@@ -66,7 +68,9 @@ pub mod keeper;
 pub mod launch;
 pub mod manifest;
 pub mod mcp;
+pub mod metrics;
 pub mod notify;
+pub mod observe;
 pub mod operator;
 pub mod peers;
 pub mod proctree;

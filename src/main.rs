@@ -96,6 +96,10 @@ enum Command {
         /// not ask).
         #[arg(long, default_value_t = 100)]
         peer_probe_ms: u64,
+        /// Serve Prometheus metrics at http://ADDR/metrics (e.g.
+        /// 127.0.0.1:9464; port 0 picks a free port). Off by default.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
     },
     /// Operate a running daemon through its control socket.
     Ctl {
@@ -221,6 +225,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             host_only,
             peer_probe_ms,
             bus_allow_any_origin,
+            metrics,
         } => {
             let control = match control {
                 Some(path) => path,
@@ -238,6 +243,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 host_only,
                 peer_probe: Duration::from_millis(peer_probe_ms),
                 bus_any_origin: bus_allow_any_origin,
+                observability: daemon::Observability { metrics },
                 ready: None,
             })
             .await?;

@@ -52,6 +52,8 @@ pub(super) struct Down {
     /// It could not even be spawned, for want of descriptors, processes or
     /// memory: tried again without charging the restart budget.
     pub(super) short_of_resources: bool,
+    /// Why a restart follows, if one does.
+    pub(super) reason: super::RestartReason,
 }
 
 impl Down {
@@ -85,6 +87,7 @@ impl Down {
             text,
             stderr,
             short_of_resources: failed.short_of_resources,
+            reason: super::RestartReason::StartFailed,
         }
     }
 }
