@@ -1,7 +1,7 @@
 //! `toolboxd run`, read top-down as its phases: find the bus, start up,
 //! serve, shut down. [`run`] runs the daemon until a [`Shutdown`];
 //! [`run_until_signalled`], what the binary runs, makes SIGTERM and SIGINT
-//! that shutdown. SIGHUP asks for a reload in both.
+//! that shutdown. SIGHUP asks for a reload in both, and reopens the audit log.
 //!
 //! The daemon can run inside another program (a test, say): see [`run`].
 
@@ -14,6 +14,7 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::audit::{Audit, AuditError};
 use crate::bus::{self, client, server};
 use crate::control;
 use crate::metrics::{self, Metrics};
@@ -66,6 +67,8 @@ pub struct RunOptions {
 pub struct Observability {
     /// `--metrics ADDR`: serve Prometheus metrics at `/metrics` there.
     pub metrics: Option<SocketAddr>,
+    /// `--audit-log PATH`: a JSON line per finished call, appended there.
+    pub audit_log: Option<PathBuf>,
 }
 
 /// Where a ready daemon serves.
@@ -93,6 +96,8 @@ pub enum DaemonError {
     Control(#[from] control::ControlError),
     #[error(transparent)]
     Metrics(#[from] metrics::server::BindError),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
 }
@@ -142,6 +147,14 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
         Some(addr) => Some(metrics::server::bind(addr).await?),
         None => None,
     };
+    let audit = match &observability.audit_log {
+        Some(path) => {
+            let audit = Arc::new(Audit::open(path)?);
+            tracing::info!(path = %path.display(), "audit log open");
+            Some(audit)
+        }
+        None => None,
+    };
     // Before anything starts: an early SIGHUP must not end the daemon.
     let hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
     // No toolbox (nor any process of the same user) may read its memory or
@@ -160,6 +173,7 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
         control,
         control_listener,
         metrics_listener,
+        audit,
         host_only,
         peer_probe,
         finish,
@@ -171,6 +185,7 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
         tracing::info!("stopped before start-up finished");
         Stopping {
             supervisor: Some(daemon.supervisor),
+            audit: daemon.audit,
             closing: daemon.closing,
             finish: daemon.finish,
         }
@@ -272,6 +287,8 @@ struct Start {
     control_listener: UnixListener,
     /// `--metrics`: the endpoint's socket, bound.
     metrics_listener: Option<TcpListener>,
+    /// `--audit-log`: the audit log, open.
+    audit: Option<Arc<Audit>>,
     /// Leave `ovos.tools.*` to another daemon.
     host_only: bool,
     /// How long to listen for other hosts' toolbox ids.
@@ -290,6 +307,8 @@ struct Daemon {
     control: PathBuf,
     /// Where `/metrics` is served, if it is.
     metrics: Option<SocketAddr>,
+    /// The audit log: reopened on SIGHUP, closed last.
+    audit: Option<Arc<Audit>>,
     /// The catalog of hosted toolboxes.
     registry: Arc<Registry>,
     /// The set of toolboxes (the operator's while the daemon serves).
@@ -319,6 +338,7 @@ fn start(start: Start) -> Daemon {
         control,
         control_listener,
         metrics_listener,
+        audit,
         host_only,
         peer_probe,
         finish,
@@ -356,7 +376,7 @@ fn start(start: Start) -> Daemon {
         operators.clone(),
         peers.clone(),
         !host_only,
-        Observer::new(metrics),
+        Observer::new(metrics, audit.clone()),
     );
     let bus_task = tokio::spawn(client::run(
         bus.url.clone(),
@@ -377,6 +397,7 @@ fn start(start: Start) -> Daemon {
         url: bus.url,
         control,
         metrics: metrics_addr,
+        audit,
         registry,
         supervisor,
         peers,
@@ -453,6 +474,9 @@ async fn serve(
             _ = stop.recv() => break,
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading manifests");
+                if let Some(audit) = &daemon.audit {
+                    audit.reopen();
+                }
                 daemon.operators.tell(Operation::Reload);
             }
             _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => {
@@ -465,6 +489,7 @@ async fn serve(
     stop_operating.trigger();
     Stopping {
         supervisor: operator.await.ok(),
+        audit: daemon.audit,
         closing: daemon.closing,
         finish: daemon.finish,
     }
@@ -474,6 +499,8 @@ async fn serve(
 struct Stopping {
     /// The toolboxes (`None` if the operator that held them panicked).
     supervisor: Option<Supervisor>,
+    /// The audit log, closed once the last call is answered.
+    audit: Option<Arc<Audit>>,
     /// The bus connection, the embedded bus and the control socket.
     closing: Vec<JoinHandle<()>>,
     /// Closes the bus connection, the embedded bus and the control socket.
@@ -485,6 +512,9 @@ struct Stopping {
 async fn shut_down(stopping: Stopping) {
     if let Some(supervisor) = stopping.supervisor {
         supervisor.shutdown().await;
+    }
+    if let Some(audit) = stopping.audit {
+        audit.close().await;
     }
     // Every toolbox is stopped: the limit cgroups of the toolboxes can go.
     let _ = tokio::task::spawn_blocking(crate::sandbox::limits::remove_daemon_groups).await;

@@ -9,7 +9,8 @@
 //!   [`bus::client`], the embedded [`bus::server`], socket options.
 //! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
 //! - [`observe`]: how a finished call ended, reported in one place to the
-//!   [`metrics`] (Prometheus, `--metrics`) and the audit log.
+//!   [`metrics`] (Prometheus, `--metrics`) and the [`audit`] log
+//!   (`--audit-log`).
 //! - [`peers`]: the multi-host check: which toolbox ids other hosts on the
 //!   bus already answer for.
 //! - [`operator`]: the operator channel: the operations (status, logs, reload,
@@ -53,6 +54,7 @@
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
 pub mod answers;
+pub mod audit;
 pub mod bus;
 pub mod caller;
 pub mod cancel;

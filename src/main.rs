@@ -100,6 +100,10 @@ enum Command {
         /// 127.0.0.1:9464; port 0 picks a free port). Off by default.
         #[arg(long, value_name = "ADDR")]
         metrics: Option<SocketAddr>,
+        /// Append a JSON line per finished call to PATH (reopened on
+        /// SIGHUP). Off by default.
+        #[arg(long, value_name = "PATH")]
+        audit_log: Option<PathBuf>,
     },
     /// Operate a running daemon through its control socket.
     Ctl {
@@ -226,6 +230,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             peer_probe_ms,
             bus_allow_any_origin,
             metrics,
+            audit_log,
         } => {
             let control = match control {
                 Some(path) => path,
@@ -243,7 +248,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 host_only,
                 peer_probe: Duration::from_millis(peer_probe_ms),
                 bus_any_origin: bus_allow_any_origin,
-                observability: daemon::Observability { metrics },
+                observability: daemon::Observability { metrics, audit_log },
                 ready: None,
             })
             .await?;

@@ -5,8 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde_json::Value;
+
+use crate::audit::Audit;
+use crate::bus::envelope::Message;
 use crate::metrics::Metrics;
-use crate::toolbox::CallError;
+use crate::toolbox::{CallError, ToolboxHandle};
 
 /// How a call ended: the `outcome` label of the calls metric and the audit
 /// log's `outcome` field.
@@ -23,7 +27,7 @@ pub enum Outcome {
     Timeout,
     /// The child exited, or broke the protocol, while it had the call.
     Crash,
-    /// Cancelled before it was answered (a stop).
+    /// Cancelled before it was answered.
     Cancelled,
     /// Refused at once: too many calls wait for the toolbox already.
     Busy,
@@ -76,6 +80,13 @@ pub struct Finished<'a> {
     pub outcome: Outcome,
     /// From its arrival to its answer.
     pub took: Duration,
+    /// The request: its topic and session, for the audit log.
+    pub request: &'a Message,
+    /// The answer: its error text, and its result for an audit that
+    /// records arguments.
+    pub answer: &'a Result<Value, String>,
+    /// The arguments, when the audit log records them for this toolbox.
+    pub arguments: Option<&'a Value>,
 }
 
 /// Where finished calls are reported: the metrics and the audit log, each
@@ -84,18 +95,33 @@ pub struct Finished<'a> {
 pub struct Observer {
     /// `--metrics`: the calls counters and duration histograms.
     metrics: Option<Arc<Metrics>>,
+    /// `--audit-log`: a line per call.
+    audit: Option<Arc<Audit>>,
 }
 
 impl Observer {
-    /// An observer reporting to `metrics`, when given.
-    pub fn new(metrics: Option<Arc<Metrics>>) -> Observer {
-        Observer { metrics }
+    /// An observer reporting to `metrics` and `audit`, each when given.
+    pub fn new(metrics: Option<Arc<Metrics>>, audit: Option<Arc<Audit>>) -> Observer {
+        Observer { metrics, audit }
+    }
+
+    /// Whether a call to `toolbox` must keep its arguments for the audit log
+    /// (its manifest says `audit_arguments = true`).
+    pub fn wants_arguments(&self, toolbox: &ToolboxHandle) -> bool {
+        self.audit.is_some() && toolbox.audit_arguments()
     }
 
     /// Reports a finished call.
     pub fn call_finished(&self, call: &Finished<'_>) {
         if let Some(metrics) = &self.metrics {
             metrics.call_finished(call.toolbox, call.tool, call.outcome, call.took);
+        }
+        if let Some(audit) = &self.audit {
+            if !audit.record(call) {
+                if let Some(metrics) = &self.metrics {
+                    metrics.audit_line_dropped();
+                }
+            }
         }
     }
 }

@@ -432,6 +432,7 @@ impl Service {
         args: Value,
         arrived: Arrival,
     ) -> Result<Value, String> {
+        let audited = self.observer.wants_arguments(handle).then(|| args.clone());
         let (answer, outcome) = self.attempt(request, handle, tool, args, arrived).await;
         let took = arrived.at.elapsed();
         if outcome != Outcome::Invalid {
@@ -442,6 +443,9 @@ impl Service {
             tool: &tool.name,
             outcome,
             took,
+            request,
+            answer: &answer,
+            arguments: audited.as_ref(),
         });
         answer
     }

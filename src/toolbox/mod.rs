@@ -436,6 +436,8 @@ struct CallLimits {
     max_argument_bytes: usize,
     /// `[start] prewarm_on`: bus topics that wake an idle toolbox.
     prewarm_on: Vec<String>,
+    /// `audit_arguments`: the audit log records arguments and results.
+    audit_arguments: bool,
 }
 
 impl CallLimits {
@@ -448,6 +450,7 @@ impl CallLimits {
                 + limits.max_queued_calls,
             max_argument_bytes: limits.max_argument_bytes,
             prewarm_on: manifest.start.prewarm_on.clone(),
+            audit_arguments: manifest.audit_arguments,
         })
     }
 
@@ -492,6 +495,11 @@ impl ToolboxHandle {
     /// The manifest's `max_argument_bytes`.
     pub fn max_argument_bytes(&self) -> usize {
         self.limits.borrow().max_argument_bytes
+    }
+
+    /// The manifest's `audit_arguments`.
+    pub fn audit_arguments(&self) -> bool {
+        self.limits.borrow().audit_arguments
     }
 
     /// The manifest's `call_timeout_s`.
@@ -807,6 +815,7 @@ impl ToolboxHandle {
             admitted: 8,
             max_argument_bytes: 1 << 20,
             prewarm_on: Vec::new(),
+            audit_arguments: false,
         }));
         ToolboxHandle {
             id: id.into(),
