@@ -268,7 +268,8 @@ fn echo_responder(url: &str) -> Proc {
 async fn run_echo_responder(url: &str) {
     let mut ws = client::connect(url)
         .await
-        .expect("the echo responder cannot connect");
+        .expect("the echo responder cannot connect")
+        .ws;
     println!("ready");
     while let Some(Ok(frame)) = ws.next().await {
         tcp::quickack(ws.get_ref());
@@ -631,7 +632,7 @@ async fn connection(
 ) -> Connection {
     let mut out = Connection::default();
     let mut ws = match client::connect(&url).await {
-        Ok(ws) => ws,
+        Ok(connection) => connection.ws,
         Err(e) => {
             out.faults.error(format!("connect to {url}: {e}"));
             return out;
@@ -792,7 +793,8 @@ async fn close(mut ws: client::WsStream) {
 async fn list_round_trip(url: &str) -> Result<(Duration, usize, Instant), String> {
     let mut ws = client::connect(url)
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| format!("connect: {e}"))?
+        .ws;
     let mut times = Vec::new();
     let mut tools = 0;
     let mut first = None;
@@ -1982,7 +1984,7 @@ fn scrape(addr: &str) -> Result<(), String> {
 async fn concurrent(url: &str, n: usize, ms: u64) -> (Option<Duration>, Faults) {
     let mut faults = Faults::default();
     let mut ws = match client::connect(url).await {
-        Ok(ws) => ws,
+        Ok(connection) => connection.ws,
         Err(e) => {
             faults.error(format!("connect: {e}"));
             return (None, faults);
