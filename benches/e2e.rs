@@ -228,11 +228,18 @@ fn python_service(url: &str, home: &Path, toolboxes: usize) -> Proc {
 
 /// toolboxd on `url` with the manifests in `dir`; returns once it is ready.
 fn daemon(url: &str, dir: &Path) -> Proc {
+    daemon_with(url, dir, &[])
+}
+
+/// toolboxd on `url` with the manifests in `dir` and `flags` for `run`;
+/// returns once it is ready.
+fn daemon_with(url: &str, dir: &Path, flags: &[&str]) -> Proc {
     let mut child = Command::new(TOOLBOXD)
         .args(["--log-format", "json", "run", "--bus", url, "--manifests"])
         .arg(dir)
         .arg("--control")
         .arg(dir.join("ctl.sock"))
+        .args(flags)
         .env("RUST_LOG", "warn,toolboxd::daemon=info")
         .stderr(Stdio::piped())
         .spawn()
@@ -261,7 +268,8 @@ fn echo_responder(url: &str) -> Proc {
 async fn run_echo_responder(url: &str) {
     let mut ws = client::connect(url)
         .await
-        .expect("the echo responder cannot connect");
+        .expect("the echo responder cannot connect")
+        .ws;
     println!("ready");
     while let Some(Ok(frame)) = ws.next().await {
         tcp::quickack(ws.get_ref());
@@ -624,7 +632,7 @@ async fn connection(
 ) -> Connection {
     let mut out = Connection::default();
     let mut ws = match client::connect(&url).await {
-        Ok(ws) => ws,
+        Ok(connection) => connection.ws,
         Err(e) => {
             out.faults.error(format!("connect to {url}: {e}"));
             return out;
@@ -785,7 +793,8 @@ async fn close(mut ws: client::WsStream) {
 async fn list_round_trip(url: &str) -> Result<(Duration, usize, Instant), String> {
     let mut ws = client::connect(url)
         .await
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(|e| format!("connect: {e}"))?
+        .ws;
     let mut times = Vec::new();
     let mut tools = 0;
     let mut first = None;
@@ -1411,6 +1420,13 @@ impl Bench {
         self.row(id, what, r, figure, target);
     }
 
+    /// toolboxd with one `variant` (id `box`) and `flags` for `run`.
+    fn daemon_flags(&self, url: &str, tag: &str, variant: &Variant, flags: &[&str]) -> Proc {
+        let dir = tempdir(tag);
+        variant.manifest(&dir, "box", "");
+        daemon_with(url, &dir, flags)
+    }
+
     /// toolboxd with `count` copies of `variant` (ids t0, t1, ...).
     fn daemon(&self, url: &str, tag: &str, variant: &Variant, count: usize, extra: &str) -> Proc {
         let dir = tempdir(tag);
@@ -1882,6 +1898,43 @@ async fn bench(b: &mut Bench) {
         ),
         Target::at_most(2.0, "≤ 2×"),
     );
+
+    // 10: the cost of `--metrics`: C=8 on the compiled child, with and
+    // without, in alternating runs so that both share the machine's noise.
+    let addr = free_loopback_addr();
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for run in 1..=METRICS_RUNS {
+        for metrics in [false, true] {
+            let flags: &[&str] = if metrics { &["--metrics", &addr] } else { &[] };
+            let d = b.daemon_flags(&bus.url, "metrics", &compiled, flags);
+            if metrics {
+                if let Err(e) = scrape(&addr) {
+                    b.fail(format!("10: GET /metrics: {e}"));
+                }
+            }
+            let service = format!(
+                "toolboxd → compiled child, metrics {} (run {run})",
+                if metrics { "on" } else { "off" }
+            );
+            let r = b.load("10", &service, &bus, Call::Add, 8, d.pid()).await;
+            if metrics { &mut on } else { &mut off }.push(r.calls_per_s);
+        }
+    }
+    let (on, off) = (on.iter().sum::<f64>(), off.iter().sum::<f64>());
+    let r = ratio(on, off);
+    let runs = METRICS_RUNS as f64;
+    b.row(
+        "10-metrics",
+        &format!("C=8: calls/s, toolboxd → compiled child with `--metrics` ÷ without ({METRICS_RUNS} alternating runs each, embedded bus)"),
+        r,
+        format!(
+            "{} ({} vs {} /s)",
+            fmt_ratio(r),
+            thousands(on / runs),
+            thousands(off / runs)
+        ),
+        Target::at_least(0.95, "≥ 0.95"),
+    );
     drop(bus);
 
     let failures = b.report.failures;
@@ -1895,12 +1948,43 @@ async fn bench(b: &mut Bench) {
     );
 }
 
+/// Runs of each side in scenario 10 (metrics on vs off).
+const METRICS_RUNS: usize = 3;
+
+/// A loopback address with a port free a moment ago, for `--metrics`.
+fn free_loopback_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port");
+    let addr = listener.local_addr().expect("its address");
+    addr.to_string()
+}
+
+/// `GET /metrics` on `addr`: that it answers 200 with the calls metric's family.
+fn scrape(addr: &str) -> Result<(), String> {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(DEADLINE))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| e.to_string())?;
+    if answer.starts_with("HTTP/1.1 200") && answer.contains("toolboxd_bus_connected 1") {
+        Ok(())
+    } else {
+        Err(format!("unexpected answer: {:.200}", answer))
+    }
+}
+
 /// `n` concurrent `sleep` calls of `ms` on one connection: the time until the
 /// last correct answer, and the failures.
 async fn concurrent(url: &str, n: usize, ms: u64) -> (Option<Duration>, Faults) {
     let mut faults = Faults::default();
     let mut ws = match client::connect(url).await {
-        Ok(ws) => ws,
+        Ok(connection) => connection.ws,
         Err(e) => {
             faults.error(format!("connect: {e}"));
             return (None, faults);

@@ -105,6 +105,22 @@ impl Cgroups {
                 .is_some_and(|rest| rest.starts_with('/'))
     }
 
+    /// Every process in the cgroup of process `pid`, if that is one of this
+    /// daemon's toolbox cgroups.
+    pub fn procs_of(&self, pid: u32) -> Option<Vec<u32>> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let inside = own_cgroup2_path(&text)?
+            .strip_prefix(self.relative.as_str())?
+            .strip_prefix('/')?;
+        let procs = std::fs::read_to_string(self.root.join(inside).join("cgroup.procs")).ok()?;
+        Some(
+            procs
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect(),
+        )
+    }
+
     /// The directory holding every toolbox cgroup of this daemon.
     pub fn root(&self) -> &Path {
         &self.root

@@ -60,7 +60,8 @@ pub async fn check(dirs: &[PathBuf], probe: bool, sandbox: bool, out: &mut impl 
 
 /// Starts the child as `run` would, lists and compiles its tools, stops it.
 async fn probe_one(m: &Manifest) -> Result<String, Vec<String>> {
-    let launched = match launch(m, m.protocol.as_deref()).await {
+    let stderr = std::sync::Arc::default();
+    let launched = match launch(m, m.protocol.as_deref(), &stderr).await {
         Ok(launched) => launched,
         Err(failed) => {
             let (exit, stderr) = failed.reap().await;

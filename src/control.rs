@@ -1,6 +1,6 @@
 //! The control socket: a Unix socket (mode 0600) speaking line-delimited
-//! JSON-RPC, through which `toolboxd ctl` reads status and restarts, stops,
-//! starts and reloads toolboxes; and that client.
+//! JSON-RPC, through which `toolboxd ctl` reads status and logs and restarts,
+//! stops, starts and reloads toolboxes; and that client.
 //!
 //! The server only decodes requests into [`Operation`]s and hands them to the
 //! operator channel ([`crate::operator`]), which carries them out.
@@ -252,14 +252,32 @@ pub async fn request(path: &Path, operation: &Operation) -> Result<Value, Contro
     Ok(answer.get("result").cloned().unwrap_or(Value::Null))
 }
 
+/// `ctl logs`: one line per stderr line, `TIME [PID] TEXT`.
+pub fn log_lines(lines: &Value) -> String {
+    let mut out = String::new();
+    for line in lines.as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "{} [{}] {}\n",
+            line["time"].as_str().unwrap_or("-"),
+            line["pid"]
+                .as_u64()
+                .map_or("-".to_owned(), |p| p.to_string()),
+            line["text"].as_str().unwrap_or("")
+        ));
+    }
+    out
+}
+
 /// `ctl status` as a table.
 pub fn status_table(rows: &Value) -> String {
     let mut out = format!(
-        "{:<16} {:<10} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
+        "{:<16} {:<10} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
         "ID",
         "STATE",
         "PID",
         "UPTIME",
+        "MEM_MIB",
+        "CPU_S",
         "TOOLS",
         "RESTARTS",
         "CALLS_OK",
@@ -292,12 +310,20 @@ pub fn status_table(rows: &Value) -> String {
             .or(r["conflict"].as_str())
             .or(r["last_exit"].as_str())
             .unwrap_or("-");
+        let memory = r["memory_bytes"]
+            .as_u64()
+            .map_or("-".to_owned(), |b| format!("{:.1}", b as f64 / 1048576.0));
+        let cpu = r["cpu_s"]
+            .as_f64()
+            .map_or("-".to_owned(), |s| format!("{s:.2}"));
         out.push_str(&format!(
-            "{:<16} {:<10} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
+            "{:<16} {:<10} {:>8} {:>8} {:>8} {:>8} {:>5} {:>8} {:>9} {:>9} {:>6} {:>8} {:>8}  {}\n",
             r["id"].as_str().unwrap_or("?"),
             r["state"].as_str().unwrap_or("?"),
             pids,
             uptime,
+            memory,
+            cpu,
             num("tools"),
             num("restarts"),
             num("calls_ok"),
@@ -407,7 +433,7 @@ mod tests {
             error(
                 json!(2),
                 -32602,
-                "unknown method \"frobnicate\"; use status, restart, stop, start or reload"
+                "unknown method \"frobnicate\"; use status, restart, stop, start, reload or logs"
             )
         );
         assert_eq!(

@@ -1,7 +1,7 @@
 //! `toolboxd run`, read top-down as its phases: find the bus, start up,
 //! serve, shut down. [`run`] runs the daemon until a [`Shutdown`];
 //! [`run_until_signalled`], what the binary runs, makes SIGTERM and SIGINT
-//! that shutdown. SIGHUP asks for a reload in both.
+//! that shutdown. SIGHUP asks for a reload in both, and reopens the audit log.
 //!
 //! The daemon can run inside another program (a test, say): see [`run`].
 
@@ -9,14 +9,17 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::net::UnixListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::audit::{Audit, AuditError};
 use crate::bus::{self, client, server};
 use crate::control;
+use crate::metrics::{self, Metrics};
 use crate::notify::Notifier;
+use crate::observe::Observer;
 use crate::operator::{self, Inbox, Operation, Operator, Operators};
 use crate::peers::Peers;
 use crate::registry::Registry;
@@ -52,9 +55,20 @@ pub struct RunOptions {
     /// Let web pages of any origin use the embedded bus (default: loopback
     /// origins only).
     pub bus_any_origin: bool,
+    /// Metrics and the audit log, each off unless asked for.
+    pub observability: Observability,
     /// Told where the daemon serves once it is ready: with an embedded bus on
     /// port 0, the only way for the caller to learn the port.
     pub ready: Option<oneshot::Sender<Ready>>,
+}
+
+/// What the daemon tells operators beyond its log (docs/operations.md).
+#[derive(Debug, Default, Clone)]
+pub struct Observability {
+    /// `--metrics ADDR`: serve Prometheus metrics at `/metrics` there.
+    pub metrics: Option<SocketAddr>,
+    /// `--audit-log PATH`: a JSON line per finished call, appended there.
+    pub audit_log: Option<PathBuf>,
 }
 
 /// Where a ready daemon serves.
@@ -64,6 +78,8 @@ pub struct Ready {
     pub bus: String,
     /// The control socket.
     pub control: PathBuf,
+    /// Where `/metrics` is served (with port 0 asked, the port it was given).
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Why the daemon could not run.
@@ -78,6 +94,10 @@ pub enum DaemonError {
     Bus(#[from] client::BusError),
     #[error(transparent)]
     Control(#[from] control::ControlError),
+    #[error(transparent)]
+    Metrics(#[from] metrics::server::BindError),
+    #[error(transparent)]
+    Audit(#[from] AuditError),
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
 }
@@ -116,11 +136,25 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
         host_only,
         peer_probe,
         bus_any_origin,
+        observability,
         ready,
     } = options;
     // First, so that a second daemon on the same socket refuses before it
     // starts anything.
     let control_listener = control::bind(&control).await?;
+    // Before anything starts too: a taken port fails the start.
+    let metrics_listener = match observability.metrics {
+        Some(addr) => Some(metrics::server::bind(addr).await?),
+        None => None,
+    };
+    let audit = match &observability.audit_log {
+        Some(path) => {
+            let audit = Arc::new(Audit::open(path)?);
+            tracing::info!(path = %path.display(), "audit log open");
+            Some(audit)
+        }
+        None => None,
+    };
     // Before anything starts: an early SIGHUP must not end the daemon.
     let hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
     // No toolbox (nor any process of the same user) may read its memory or
@@ -138,6 +172,8 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
         bus,
         control,
         control_listener,
+        metrics_listener,
+        audit,
         host_only,
         peer_probe,
         finish,
@@ -149,6 +185,7 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
         tracing::info!("stopped before start-up finished");
         Stopping {
             supervisor: Some(daemon.supervisor),
+            audit: daemon.audit,
             closing: daemon.closing,
             finish: daemon.finish,
         }
@@ -248,6 +285,10 @@ struct Start {
     control: PathBuf,
     /// The control socket, bound.
     control_listener: UnixListener,
+    /// `--metrics`: the endpoint's socket, bound.
+    metrics_listener: Option<TcpListener>,
+    /// `--audit-log`: the audit log, open.
+    audit: Option<Arc<Audit>>,
     /// Leave `ovos.tools.*` to another daemon.
     host_only: bool,
     /// How long to listen for other hosts' toolbox ids.
@@ -264,6 +305,10 @@ struct Daemon {
     url: String,
     /// The control socket's path.
     control: PathBuf,
+    /// Where `/metrics` is served, if it is.
+    metrics: Option<SocketAddr>,
+    /// The audit log: reopened on SIGHUP, closed last.
+    audit: Option<Arc<Audit>>,
     /// The catalog of hosted toolboxes.
     registry: Arc<Registry>,
     /// The set of toolboxes (the operator's while the daemon serves).
@@ -292,12 +337,32 @@ fn start(start: Start) -> Daemon {
         bus,
         control,
         control_listener,
+        metrics_listener,
+        audit,
         host_only,
         peer_probe,
         finish,
         finished,
     } = start;
     let registry = Arc::new(Registry::default());
+    let (connected_tx, connected) = watch::channel(false);
+    let metrics = metrics_listener.map(|listener| {
+        let metrics = Arc::new(Metrics::new(registry.clone(), connected.clone()));
+        let addr = listener.local_addr().ok();
+        let task = tokio::spawn(metrics::server::serve(
+            listener,
+            metrics.clone(),
+            finished.clone(),
+        ));
+        if let Some(addr) = addr {
+            tracing::info!(%addr, path = metrics::server::PATH, "metrics listening");
+        }
+        (metrics, addr, task)
+    });
+    let (metrics, metrics_addr, metrics_task) = match metrics {
+        Some((metrics, addr, task)) => (Some(metrics), addr, Some(task)),
+        None => (None, None, None),
+    };
     let (supervisor, errors) = Supervisor::start(manifests, registry.clone());
     for e in &errors {
         tracing::error!("{e}");
@@ -311,8 +376,8 @@ fn start(start: Start) -> Daemon {
         operators.clone(),
         peers.clone(),
         !host_only,
+        Observer::new(metrics, audit.clone()),
     );
-    let (connected_tx, connected) = watch::channel(false);
     let bus_task = tokio::spawn(client::run(
         bus.url.clone(),
         bus.first,
@@ -331,13 +396,15 @@ fn start(start: Start) -> Daemon {
     Daemon {
         url: bus.url,
         control,
+        metrics: metrics_addr,
+        audit,
         registry,
         supervisor,
         peers,
         operators,
         inbox,
         connected,
-        closing: [Some(bus_task), Some(control_task), bus.server]
+        closing: [Some(bus_task), Some(control_task), bus.server, metrics_task]
             .into_iter()
             .flatten()
             .collect(),
@@ -389,6 +456,7 @@ async fn serve(
         let _ = ready.send(Ready {
             bus: daemon.url.clone(),
             control: daemon.control.clone(),
+            metrics: daemon.metrics,
         });
     }
     let (stop_operating, operating) = ShutdownTrigger::new();
@@ -406,6 +474,9 @@ async fn serve(
             _ = stop.recv() => break,
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading manifests");
+                if let Some(audit) = &daemon.audit {
+                    audit.reopen();
+                }
                 daemon.operators.tell(Operation::Reload);
             }
             _ = async { watchdog.as_mut()?.tick().await; Some(()) }, if watchdog.is_some() => {
@@ -418,6 +489,7 @@ async fn serve(
     stop_operating.trigger();
     Stopping {
         supervisor: operator.await.ok(),
+        audit: daemon.audit,
         closing: daemon.closing,
         finish: daemon.finish,
     }
@@ -427,6 +499,8 @@ async fn serve(
 struct Stopping {
     /// The toolboxes (`None` if the operator that held them panicked).
     supervisor: Option<Supervisor>,
+    /// The audit log, closed once the last call is answered.
+    audit: Option<Arc<Audit>>,
     /// The bus connection, the embedded bus and the control socket.
     closing: Vec<JoinHandle<()>>,
     /// Closes the bus connection, the embedded bus and the control socket.
@@ -438,6 +512,9 @@ struct Stopping {
 async fn shut_down(stopping: Stopping) {
     if let Some(supervisor) = stopping.supervisor {
         supervisor.shutdown().await;
+    }
+    if let Some(audit) = stopping.audit {
+        audit.close().await;
     }
     // Every toolbox is stopped: the limit cgroups of the toolboxes can go.
     let _ = tokio::task::spawn_blocking(crate::sandbox::limits::remove_daemon_groups).await;

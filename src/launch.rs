@@ -3,11 +3,12 @@
 //! them. The toolbox actor (`run`) and `check --probe` both start children
 //! through [`launch`], so they can never disagree about a toolbox.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::child::{Child, ChildEvent, ExitInfo};
+use crate::child::{Child, ChildEvent, ExitInfo, StderrLog};
 use crate::manifest::{Manifest, LEGACY_VERSIONS};
 use crate::mcp::ToolSpec;
 use crate::session::Session;
@@ -55,19 +56,25 @@ impl LaunchError {
                 child.exited().await
             }
         };
-        (exit, child.stderr_tail())
+        // Its last words may still be in the pipe when it is reaped.
+        let tail = child.final_stderr_tail(Duration::from_millis(200)).await;
+        (exit, tail)
     }
 }
 
 /// Starts `manifest`'s child speaking `pin` (an MCP version; `None` probes the
-/// era), and lists and compiles its tools.
-pub async fn launch(manifest: &Manifest, pin: Option<&str>) -> Result<Launched, LaunchError> {
+/// era), and lists and compiles its tools; its stderr goes to `stderr`.
+pub async fn launch(
+    manifest: &Manifest,
+    pin: Option<&str>,
+    stderr: &Arc<StderrLog>,
+) -> Result<Launched, LaunchError> {
     let limits = &manifest.limits;
     let probe_timeout = Duration::from_secs(limits.probe_timeout_s);
     let request_timeout = Duration::from_secs(limits.call_timeout_s);
     let mut pin = pin.map(str::to_owned);
     let (child, events, session) = loop {
-        let (child, events) = Child::spawn(manifest).map_err(|e| LaunchError {
+        let (child, events) = Child::spawn(manifest, stderr.clone()).map_err(|e| LaunchError {
             child: None,
             short_of_resources: e.is_resource_shortage(),
             why: e.to_string(),

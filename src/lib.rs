@@ -8,9 +8,12 @@
 //! - [`bus`]: the OVOS-MSG-1 [`bus::envelope`], a reconnecting
 //!   [`bus::client`], the embedded [`bus::server`], socket options.
 //! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
+//! - [`observe`]: how a finished call ended, reported in one place to the
+//!   [`metrics`] (Prometheus, `--metrics`) and the [`audit`] log
+//!   (`--audit-log`).
 //! - [`peers`]: the multi-host check: which toolbox ids other hosts on the
 //!   bus already answer for.
-//! - [`operator`]: the operator channel: the operations (status, reload,
+//! - [`operator`]: the operator channel: the operations (status, logs, reload,
 //!   restart, stop, start), their wire names, and the one place they are
 //!   carried out, whether asked by the control socket, SIGHUP or the bus.
 //! - [`cancel`]: the global stop: calls in flight by session, and the
@@ -43,12 +46,15 @@
 //! - [`check`], [`caller`], [`scaffold`]: the `check`, `list`, `call` and
 //!   `new` commands.
 //! - [`notify`]: systemd readiness and watchdog notifications.
+//! - [`proctree`]: what a toolbox's process trees use (memory, CPU), from /proc.
 //! - [`files`]: reading operator files without trusting what is at the path.
 //! - [`throttle`]: a per-second budget for log lines from outside the daemon.
+//! - [`clock`]: wall-clock times as operators read them (RFC 3339, UTC).
 //! - [`wait`]: `or_never`, for `select!` branches that apply only sometimes.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
 pub mod answers;
+pub mod audit;
 pub mod bus;
 pub mod caller;
 pub mod cancel;
@@ -56,6 +62,7 @@ pub mod catalog_cache;
 pub mod cgroup;
 pub mod check;
 pub mod child;
+pub mod clock;
 pub mod control;
 pub mod daemon;
 pub mod files;
@@ -63,9 +70,12 @@ pub mod keeper;
 pub mod launch;
 pub mod manifest;
 pub mod mcp;
+pub mod metrics;
 pub mod notify;
+pub mod observe;
 pub mod operator;
 pub mod peers;
+pub mod proctree;
 pub mod progress;
 pub mod registry;
 pub mod sandbox;

@@ -55,6 +55,15 @@ enum CtlAction {
     Start { id: String },
     /// Re-read the manifests and apply the difference.
     Reload,
+    /// The recent stderr of one toolbox's children, oldest first.
+    Logs {
+        id: String,
+        /// How many of the last lines (the daemon keeps at most 500 per toolbox).
+        #[arg(long, default_value_t = toolboxd::operator::DEFAULT_LOG_LINES,
+              value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
+                  .range(1..=toolboxd::child::LOG_LINES as u64))]
+        lines: usize,
+    },
 }
 
 #[derive(Subcommand)]
@@ -87,6 +96,14 @@ enum Command {
         /// not ask).
         #[arg(long, default_value_t = 100)]
         peer_probe_ms: u64,
+        /// Serve Prometheus metrics at http://ADDR/metrics (e.g.
+        /// 127.0.0.1:9464; port 0 picks a free port). Off by default.
+        #[arg(long, value_name = "ADDR")]
+        metrics: Option<SocketAddr>,
+        /// Append a JSON line per finished call to PATH (reopened on
+        /// SIGHUP). Off by default.
+        #[arg(long, value_name = "PATH")]
+        audit_log: Option<PathBuf>,
     },
     /// Operate a running daemon through its control socket.
     Ctl {
@@ -212,6 +229,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             host_only,
             peer_probe_ms,
             bus_allow_any_origin,
+            metrics,
+            audit_log,
         } => {
             let control = match control {
                 Some(path) => path,
@@ -229,6 +248,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 host_only,
                 peer_probe: Duration::from_millis(peer_probe_ms),
                 bus_any_origin: bus_allow_any_origin,
+                observability: daemon::Observability { metrics, audit_log },
                 ready: None,
             })
             .await?;
@@ -245,12 +265,17 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 CtlAction::Stop { id } => Operation::Stop(id.clone()),
                 CtlAction::Start { id } => Operation::Start(id.clone()),
                 CtlAction::Reload => Operation::Reload,
+                CtlAction::Logs { id, lines } => Operation::Logs {
+                    id: id.clone(),
+                    lines: *lines,
+                },
             };
             let result = toolboxd::control::request(&path, &operation).await?;
             match (&action, &result) {
                 (CtlAction::Status { json: false }, rows) => {
                     emit(&toolboxd::control::status_table(rows))?
                 }
+                (CtlAction::Logs { .. }, lines) => emit(&toolboxd::control::log_lines(lines))?,
                 (_, Value::String(text)) => emit(&format!("{text}\n"))?,
                 (_, other) => emit(&format!("{}\n", serde_json::to_string_pretty(other)?))?,
             }

@@ -31,6 +31,10 @@ const RESTART: &str = "restart";
 const STOP: &str = "stop";
 const START: &str = "start";
 const RELOAD: &str = "reload";
+const LOGS: &str = "logs";
+
+/// Stderr lines `ctl logs` prints unless told otherwise.
+pub const DEFAULT_LOG_LINES: usize = 100;
 
 /// An operator request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +49,8 @@ pub enum Operation {
     Start(String),
     /// Re-read the manifests and apply the difference.
     Reload,
+    /// The last `lines` stderr lines of toolbox `id`'s children.
+    Logs { id: String, lines: usize },
 }
 
 /// Why a request names no operation; the text is the control socket's error
@@ -55,13 +61,15 @@ pub enum BadRequest {
     NoMethod,
     #[error("{0} needs params.id (a toolbox id)")]
     NoId(&'static str),
+    #[error("logs params.lines must be a whole number from 1 to {max}", max = crate::child::LOG_LINES)]
+    Lines,
     #[error("unknown method {0:?}; use {known}", known = Operation::known())]
     Unknown(String),
 }
 
 impl Operation {
     /// Every wire name, in the order the help lists them.
-    pub const NAMES: [&'static str; 5] = [STATUS, RESTART, STOP, START, RELOAD];
+    pub const NAMES: [&'static str; 6] = [STATUS, RESTART, STOP, START, RELOAD, LOGS];
 
     /// The wire name (the control socket's JSON-RPC method).
     pub fn name(&self) -> &'static str {
@@ -71,17 +79,19 @@ impl Operation {
             Operation::Stop(_) => STOP,
             Operation::Start(_) => START,
             Operation::Reload => RELOAD,
+            Operation::Logs { .. } => LOGS,
         }
     }
 
-    /// The JSON-RPC params: `{"id": ID}` for an operation on one toolbox,
-    /// else null.
+    /// The JSON-RPC params: `{"id": ID}` for an operation on one toolbox
+    /// (with `"lines"` for logs), else null.
     pub fn params(&self) -> Value {
         match self {
             Operation::Status | Operation::Reload => Value::Null,
             Operation::Restart(id) | Operation::Stop(id) | Operation::Start(id) => {
                 json!({ "id": id })
             }
+            Operation::Logs { id, lines } => json!({ "id": id, "lines": lines }),
         }
     }
 
@@ -100,6 +110,17 @@ impl Operation {
             RESTART => Operation::Restart(id(RESTART)?),
             STOP => Operation::Stop(id(STOP)?),
             START => Operation::Start(id(START)?),
+            LOGS => Operation::Logs {
+                id: id(LOGS)?,
+                lines: match params.get("lines") {
+                    None | Some(Value::Null) => DEFAULT_LOG_LINES,
+                    Some(n) => n
+                        .as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .filter(|n| (1..=crate::child::LOG_LINES).contains(n))
+                        .ok_or(BadRequest::Lines)?,
+                },
+            },
             other => return Err(BadRequest::Unknown(other.to_owned())),
         })
     }
@@ -113,7 +134,7 @@ impl Operation {
         Operation::parse(method, request.get("params").unwrap_or(&Value::Null))
     }
 
-    /// "status, restart, stop, start or reload".
+    /// "status, restart, stop, start, reload or logs".
     fn known() -> String {
         let (last, rest) = Operation::NAMES
             .split_last()
@@ -131,6 +152,8 @@ pub enum Outcome {
     Reloaded(ReloadReport),
     /// What a restart, stop or start did, in words.
     Done(String),
+    /// Stderr lines, oldest first: `{time, pid, text}` each.
+    Logs(Value),
 }
 
 impl Outcome {
@@ -142,6 +165,7 @@ impl Outcome {
                 json!({"loaded": report.loaded, "errors": report.errors_json()})
             }
             Outcome::Done(text) => Value::String(text),
+            Outcome::Logs(lines) => lines,
         }
     }
 }
@@ -377,7 +401,19 @@ fn take(registry: &Registry, request: Request, reloads: &mut Vec<Reply>) {
     let Request { operation, reply } = request;
     match operation {
         Operation::Reload => reloads.push(reply),
-        Operation::Status => reply.answer(Ok(Outcome::Status(status(&registry.snapshot())))),
+        Operation::Status => {
+            let rows = status(&registry.snapshot());
+            // Reading /proc takes a while for many processes: not on the
+            // runtime's thread.
+            tokio::spawn(async move {
+                let measured = tokio::task::spawn_blocking(move || with_usage(rows)).await;
+                reply.answer(
+                    measured
+                        .map(Outcome::Status)
+                        .map_err(|_| Refused::ShuttingDown),
+                );
+            });
+        }
         Operation::Restart(id) => {
             on_toolbox(registry, &id, reply, |h| async move { h.restart().await })
         }
@@ -385,7 +421,28 @@ fn take(registry: &Registry, request: Request, reloads: &mut Vec<Reply>) {
         Operation::Start(id) => {
             on_toolbox(registry, &id, reply, |h| async move { h.start().await })
         }
+        Operation::Logs { id, lines } => reply.answer(logs(registry, &id, lines)),
     }
+}
+
+/// The last `lines` stderr lines of toolbox `id`.
+fn logs(registry: &Registry, id: &str, lines: usize) -> Result<Outcome, Refused> {
+    let catalog = registry.snapshot();
+    let entry = catalog
+        .toolbox(id)
+        .ok_or_else(|| Refused::NotHosted(id.to_owned()))?;
+    let lines = entry.handle.stats().stderr.recent(lines);
+    let rows = lines
+        .into_iter()
+        .map(|line| {
+            json!({
+                "time": crate::clock::rfc3339(line.at),
+                "pid": line.pid,
+                "text": line.text,
+            })
+        })
+        .collect();
+    Ok(Outcome::Logs(Value::Array(rows)))
 }
 
 /// Runs `act` on toolbox `id` as a task of its own, and answers with what it
@@ -457,6 +514,33 @@ pub fn status(catalog: &Catalog) -> Value {
     Value::Array(rows)
 }
 
+/// Status rows with what each toolbox's process trees use: `processes`,
+/// `memory_bytes` (PSS, else RSS) and `cpu_s` (user + system), null when it
+/// runs no child.
+pub fn with_usage(mut rows: Value) -> Value {
+    for row in rows.as_array_mut().into_iter().flatten() {
+        let pids: Vec<u32> = row["pids"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| u32::try_from(p.as_u64()?).ok())
+            .collect();
+        let usage = crate::proctree::usage(&pids);
+        if let Value::Object(row) = row {
+            row.insert("processes".to_owned(), json!(usage.map(|u| u.processes)));
+            row.insert(
+                "memory_bytes".to_owned(),
+                json!(usage.map(|u| u.memory_bytes)),
+            );
+            row.insert(
+                "cpu_s".to_owned(),
+                json!(usage.map(|u| u.cpu.as_secs_f64())),
+            );
+        }
+    }
+    rows
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -473,6 +557,10 @@ mod tests {
             Operation::Stop("math".to_owned()),
             Operation::Start("math".to_owned()),
             Operation::Reload,
+            Operation::Logs {
+                id: "math".to_owned(),
+                lines: 7,
+            },
         ];
         let names: Vec<&str> = all.iter().map(Operation::name).collect();
         assert_eq!(names, Operation::NAMES);
@@ -486,7 +574,14 @@ mod tests {
     fn wire_names_and_params_are_the_documented_ones() {
         assert_eq!(
             Operation::NAMES,
-            ["status", "restart", "stop", "start", "reload"]
+            ["status", "restart", "stop", "start", "reload", "logs"]
+        );
+        assert_eq!(
+            Operation::from_request(&json!({"method": "logs", "params": {"id": "m"}})),
+            Ok(Operation::Logs {
+                id: "m".to_owned(),
+                lines: DEFAULT_LOG_LINES
+            })
         );
         assert_eq!(Operation::Status.params(), Value::Null);
         assert_eq!(Operation::Reload.params(), Value::Null);
@@ -512,9 +607,15 @@ mod tests {
         assert_eq!(error(json!({"method": 7})), "no method");
         assert_eq!(
             error(request("frobnicate", Value::Null)),
-            "unknown method \"frobnicate\"; use status, restart, stop, start or reload"
+            "unknown method \"frobnicate\"; use status, restart, stop, start, reload or logs"
         );
-        for name in ["restart", "stop", "start"] {
+        for lines in [json!(0), json!(501), json!(-1), json!(1.5), json!("9")] {
+            assert_eq!(
+                error(request("logs", json!({"id": "m", "lines": lines}))),
+                "logs params.lines must be a whole number from 1 to 500"
+            );
+        }
+        for name in ["restart", "stop", "start", "logs"] {
             let expected = format!("{name} needs params.id (a toolbox id)");
             assert_eq!(error(request(name, Value::Null)), expected);
             assert_eq!(error(request(name, json!({}))), expected);

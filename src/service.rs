@@ -17,7 +17,8 @@ use crate::bus::envelope::{Message, Object};
 use crate::cancel::InFlight;
 use crate::manifest::valid_id;
 use crate::object;
-use crate::operator::{Operation, Operators, Outcome};
+use crate::observe::{Finished, Observer, Outcome};
+use crate::operator::{self, Operation, Operators};
 use crate::peers::{Asker, Peers};
 use crate::progress;
 use crate::registry::{Catalog, Registry, Resolved};
@@ -70,6 +71,8 @@ pub struct Service {
     malformed: std::sync::Mutex<LogBudget>,
     /// The calls in flight by session, for the global stop to cancel.
     in_flight: InFlight,
+    /// Where finished calls are reported (metrics, audit log).
+    observer: Observer,
 }
 
 /// Malformed bus frames logged per second; the rest are counted.
@@ -132,6 +135,7 @@ impl Service {
         operators: Operators,
         peers: Arc<Peers>,
         flat: bool,
+        observer: Observer,
     ) -> Arc<Service> {
         Arc::new(Service {
             registry,
@@ -141,6 +145,7 @@ impl Service {
             peers,
             malformed: std::sync::Mutex::new(LogBudget::new(MALFORMED_PER_SECOND)),
             in_flight: InFlight::default(),
+            observer,
         })
     }
 
@@ -417,10 +422,8 @@ impl Service {
         Err(answers::unknown_tool_in(name, id))
     }
 
-    /// One call, top-down: validate the arguments (before the child sees
-    /// anything), call the child (a stop for the request's session cancels
-    /// it; its progress is relayed to the caller while it runs), map its
-    /// result, validate the output, count.
+    /// One call: run it ([`Service::attempt`]), then count it and report
+    /// it (status counters, metrics, audit log).
     async fn run(
         &self,
         request: &Message,
@@ -429,10 +432,44 @@ impl Service {
         args: Value,
         arrived: Arrival,
     ) -> Result<Value, String> {
+        let audited = self.observer.wants_arguments(handle).then(|| args.clone());
+        let (answer, outcome) = self.attempt(request, handle, tool, args, arrived).await;
+        let took = arrived.at.elapsed();
+        if outcome != Outcome::Invalid {
+            handle.stats().record_call(answer.is_ok(), took);
+        }
+        self.observer.call_finished(&Finished {
+            toolbox: handle.id(),
+            tool: &tool.name,
+            outcome,
+            took,
+            request,
+            answer: &answer,
+            arguments: audited.as_ref(),
+        });
+        answer
+    }
+
+    /// One call, top-down: validate the arguments (before the child sees
+    /// anything), call the child (a stop for the request's session cancels
+    /// it; its progress is relayed to the caller while it runs), map its
+    /// result, validate the output. Returns the answer and how the call ended.
+    async fn attempt(
+        &self,
+        request: &Message,
+        handle: &ToolboxHandle,
+        tool: &Arc<Tool>,
+        args: Value,
+        arrived: Arrival,
+    ) -> (Result<Value, String>, Outcome) {
         let (name, id) = (tool.name.as_str(), handle.id());
-        let args = check_arguments(handle, tool, args, arrived)
-            .await
-            .map_err(|why| answers::invalid_arguments(name, id, &why))?;
+        let args = match check_arguments(handle, tool, args, arrived).await {
+            Ok(args) => args,
+            Err(why) => {
+                let error = answers::invalid_arguments(name, id, &why);
+                return (Err(error), Outcome::Invalid);
+            }
+        };
         let (mut cancel, _in_flight) = self.in_flight.register(session_of(request));
         // Progress reports on the call topic: the persona one for the
         // predecessor topic too.
@@ -449,19 +486,23 @@ impl Service {
         };
         let (progress, reports) = progress::channel();
         let call = handle.call_with_progress(name, args, arrived.at, &mut cancel, Some(progress));
-        let called = progress::relayed(&self.out, about, reports, call).await;
-        let outcome = match called {
-            Ok(raw) => answers::map_call_result(raw, tool.has_output_schema).and_then(|result| {
-                tool.check_output(&result)
-                    .map_err(|why| answers::invalid_output(name, id, &why))?;
-                Ok(result)
-            }),
-            Err(e) => Err(answers::call_error(&e, name, id)),
-        };
-        handle
-            .stats()
-            .record_call(outcome.is_ok(), arrived.at.elapsed());
-        outcome
+        match progress::relayed(&self.out, about, reports, call).await {
+            Ok(raw) => {
+                let answer =
+                    answers::map_call_result(raw, tool.has_output_schema).and_then(|result| {
+                        tool.check_output(&result)
+                            .map_err(|why| answers::invalid_output(name, id, &why))?;
+                        Ok(result)
+                    });
+                let outcome = if answer.is_ok() {
+                    Outcome::Ok
+                } else {
+                    Outcome::Error
+                };
+                (answer, outcome)
+            }
+            Err(e) => (Err(answers::call_error(&e, name, id)), Outcome::of(&e)),
+        }
     }
 
     fn get(&self, request: &Message) {
@@ -505,7 +546,8 @@ impl Service {
     }
 
     async fn reload(&self, request: &Message) {
-        let Ok(Outcome::Reloaded(report)) = self.operators.ask(Operation::Reload).await else {
+        let Ok(operator::Outcome::Reloaded(report)) = self.operators.ask(Operation::Reload).await
+        else {
             tracing::warn!("reload requested while shutting down; ignored");
             return;
         };

@@ -1279,6 +1279,8 @@ fn arb_operation() -> impl Strategy<Value = Operation> {
         arb_text().prop_map(Operation::Restart),
         arb_text().prop_map(Operation::Stop),
         arb_text().prop_map(Operation::Start),
+        (arb_text(), 1..=toolboxd::child::LOG_LINES)
+            .prop_map(|(id, lines)| Operation::Logs { id, lines }),
     ]
 }
 
@@ -1337,7 +1339,7 @@ proptest! {
     /// refused, naming the operation.
     #[test]
     fn control_operations_on_a_toolbox_need_a_string_id(
-        name in select(&["restart", "stop", "start"][..]),
+        name in select(&["restart", "stop", "start", "logs"][..]),
         params in arb_json().prop_filter("no string id", |p| !p.get("id").is_some_and(Value::is_string)),
     ) {
         prop_assert_eq!(Operation::parse(name, &params), Err(BadRequest::NoId(name)));
@@ -1396,7 +1398,7 @@ fn control_hostile_corpus() {
         decoded,
         Err((
             -32602,
-            "unknown method \"status\\n\\u{1b}[2J\"; use status, restart, stop, start or reload"
+            "unknown method \"status\\n\\u{1b}[2J\"; use status, restart, stop, start, reload or logs"
                 .to_owned()
         ))
     );

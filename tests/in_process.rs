@@ -36,6 +36,7 @@ async fn a_daemon_in_process_serves_reloads_and_stops_cleanly() {
         host_only: false,
         peer_probe: Duration::from_millis(50),
         bus_any_origin: false,
+        observability: Default::default(),
         ready: Some(ready_tx),
     };
     let (trigger, shutdown) = ShutdownTrigger::new();

@@ -88,11 +88,24 @@ async fn status_shows_every_column_as_table_and_json() {
         "era": "modern MCP 2026-07-28", "tools": 4, "restarts": 0, "last_exit": null,
         "calls_ok": 5, "calls_err": 1, "in_flight": 0, "conflict": null,
     });
-    for key in ["uptime_s", "p50_ms", "p99_ms", "sandbox", "cold_start_ms"] {
+    for key in [
+        "uptime_s",
+        "p50_ms",
+        "p99_ms",
+        "sandbox",
+        "cold_start_ms",
+        "processes",
+        "memory_bytes",
+        "cpu_s",
+    ] {
         expected[key] = row[key].clone();
     }
     assert_eq!(row, expected);
     assert_eq!(row["sandbox"][0], "standard", "{row}");
+    // The child's tree: one Python process, megabytes of memory, some CPU.
+    assert_eq!(row["processes"], 1, "{row}");
+    assert!(row["memory_bytes"].as_u64().unwrap() > 1 << 20, "{row}");
+    assert!(row["cpu_s"].as_f64().unwrap() > 0.0, "{row}");
     let text = daemon.status("text");
     assert_eq!(text["era"], "legacy MCP 2025-06-18", "{text}");
     assert_eq!(text["tools"], 2, "{text}");
@@ -108,6 +121,8 @@ async fn status_shows_every_column_as_table_and_json() {
             "STATE",
             "PID",
             "UPTIME",
+            "MEM_MIB",
+            "CPU_S",
             "TOOLS",
             "RESTARTS",
             "CALLS_OK",
@@ -126,7 +141,7 @@ async fn status_shows_every_column_as_table_and_json() {
         .collect();
     let pid = pid.to_string();
     assert_eq!(
-        (&math[..3], &math[4..9], math[11]),
+        (&math[..3], &math[6..11], math[13]),
         (
             &["math", "ready", pid.as_str()][..],
             &["4", "0", "5", "1", "0"][..],
@@ -135,7 +150,10 @@ async fn status_shows_every_column_as_table_and_json() {
         "{table}"
     );
     assert!(
-        math[3].ends_with('s') && math[9].parse::<f64>().is_ok(),
+        math[3].ends_with('s')
+            && math[4].parse::<f64>().is_ok_and(|m| m > 1.0)
+            && math[5].parse::<f64>().is_ok()
+            && math[11].parse::<f64>().is_ok(),
         "{table}"
     );
     assert!(table.lines().any(|l| l.starts_with("text ")), "{table}");

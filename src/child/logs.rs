@@ -1,6 +1,7 @@
 //! What a child says outside the protocol: its stderr and its
 //! `notifications/message`, forwarded to the log within a rate, made safe for
-//! one log line, and the last stderr lines kept for failure reports.
+//! one log line; and each toolbox's recent stderr ([`StderrLog`]), kept for
+//! `ctl logs` and failure reports.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,22 +46,112 @@ pub(super) fn log_child_message(toolbox: &str, pid: u32, params: &Value) {
 
 /// Longest stderr line logged; the rest of a longer line is cut.
 const STDERR_LINE_MAX: usize = 4096;
-/// Stderr lines kept for the report of a failed toolbox.
-const STDERR_TAIL_LINES: usize = 20;
 /// Stderr lines logged per second per child; the rest are counted, not logged.
 const STDERR_LINES_PER_SECOND: u32 = 200;
+/// Stderr lines a toolbox keeps for `ctl logs` (over all its children).
+pub const LOG_LINES: usize = 500;
+/// Bytes of stderr text a toolbox keeps for `ctl logs`: the older lines go
+/// first when a flood of long lines would pass it.
+const LOG_BYTES: usize = 128 * 1024;
+/// Stderr lines of one child in a failure report.
+pub const TAIL_LINES: usize = 20;
+/// Bytes of stderr text in a failure report (older lines are dropped first,
+/// and one line longer than this is cut).
+const TAIL_BYTES: usize = 4 * 1024;
 
-/// The last lines a child wrote to stderr.
-pub(super) type StderrTail = Arc<Mutex<std::collections::VecDeque<String>>>;
+/// One stderr line, as `ctl logs` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogLine {
+    /// When the daemon read it.
+    pub at: std::time::SystemTime,
+    /// The child that wrote it (a toolbox's children share one log).
+    pub pid: u32,
+    /// The line, made safe for one log line (see [`sanitize`]).
+    pub text: String,
+}
+
+/// A toolbox's recent stderr, over all its children (restarts and instances
+/// included), bounded in lines and bytes: what `ctl logs` prints and what a
+/// failure report quotes.
+#[derive(Debug, Default)]
+pub struct StderrLog {
+    /// The lines, oldest first, and their text's total size.
+    ring: Mutex<(std::collections::VecDeque<LogLine>, usize)>,
+}
+
+impl StderrLog {
+    /// Keeps a line child `pid` wrote, dropping the oldest past the bounds.
+    pub fn push(&self, pid: u32, text: String) {
+        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let (lines, bytes) = &mut *ring;
+        *bytes += text.len();
+        lines.push_back(LogLine {
+            at: std::time::SystemTime::now(),
+            pid,
+            text,
+        });
+        while lines.len() > LOG_LINES || (*bytes > LOG_BYTES && lines.len() > 1) {
+            if let Some(old) = lines.pop_front() {
+                *bytes -= old.text.len();
+            }
+        }
+    }
+
+    /// The last `n` lines, oldest first.
+    pub fn recent(&self, n: usize) -> Vec<LogLine> {
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let lines = &ring.0;
+        lines
+            .iter()
+            .skip(lines.len().saturating_sub(n))
+            .cloned()
+            .collect()
+    }
+
+    /// The last lines child `pid` wrote, oldest first: at most [`TAIL_LINES`]
+    /// and [`TAIL_BYTES`], for a failure report.
+    pub fn tail_of(&self, pid: u32) -> Vec<String> {
+        let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tail = Vec::new();
+        let mut bytes = 0;
+        for line in ring.0.iter().rev().filter(|l| l.pid == pid) {
+            if tail.len() == TAIL_LINES {
+                break;
+            }
+            let text = cut(&line.text, TAIL_BYTES);
+            if !tail.is_empty() && bytes + text.len() > TAIL_BYTES {
+                break;
+            }
+            bytes += text.len();
+            tail.push(text.to_owned());
+        }
+        tail.reverse();
+        tail
+    }
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
 
 /// Forwards stderr lines to the log, tagged with the toolbox and pid, at most
-/// [`STDERR_LINES_PER_SECOND`] a second; keeps the last few for failure reports.
-/// It always reads on, so a flooding child never blocks on a full pipe.
+/// [`STDERR_LINES_PER_SECOND`] a second; keeps them in the toolbox's `log`.
+/// It always reads on, so a flooding child never blocks on a full pipe. Says
+/// `closed` when the pipe ends (every writer is gone).
 pub(super) async fn forward_stderr(
     toolbox: String,
     pid: u32,
     stderr: tokio::process::ChildStderr,
-    tail: StderrTail,
+    log: Arc<StderrLog>,
+    closed: tokio::sync::watch::Sender<bool>,
 ) {
     let budget = Arc::new(FloodBudget::default());
     tokio::spawn(report_floods(toolbox.clone(), pid, Arc::downgrade(&budget)));
@@ -82,23 +173,17 @@ pub(super) async fn forward_stderr(
         }
         let text = String::from_utf8_lossy(&line);
         let text = sanitize(text.trim_end());
-        let text = text.as_str();
         if text.is_empty() {
             continue;
-        }
-        {
-            let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
-            if tail.len() == STDERR_TAIL_LINES {
-                tail.pop_front();
-            }
-            tail.push_back(text.to_owned());
         }
         if budget.logged.fetch_add(1, Ordering::Relaxed) < STDERR_LINES_PER_SECOND {
             tracing::info!(target: "toolboxd::stderr", toolbox = %toolbox, pid, "{text}");
         } else {
             budget.suppressed.fetch_add(1, Ordering::Relaxed);
         }
+        log.push(pid, text);
     }
+    let _ = closed.send(true);
 }
 
 /// Stderr lines logged in the current second, and those dropped.
@@ -152,5 +237,56 @@ mod tests {
         assert_eq!(sanitize("a\nb\r\u{1b}[2J"), "a\\nb\\r\\u{1b}[2J");
         assert_eq!(sanitize("plain é"), "plain é");
         assert_eq!(sanitize(&"x".repeat(10_000)).len(), STDERR_LINE_MAX);
+    }
+
+    #[test]
+    fn the_log_is_bounded_in_lines_and_bytes() {
+        let log = StderrLog::default();
+        for i in 0..LOG_LINES + 10 {
+            log.push(1, format!("line {i}"));
+        }
+        let all = log.recent(usize::MAX);
+        assert_eq!(all.len(), LOG_LINES);
+        assert_eq!(all[0].text, "line 10");
+        assert_eq!(
+            log.recent(2)
+                .iter()
+                .map(|l| l.text.as_str())
+                .collect::<Vec<_>>(),
+            [
+                format!("line {}", LOG_LINES + 8),
+                format!("line {}", LOG_LINES + 9)
+            ]
+        );
+        // Long lines: the bytes bound holds, the newest line is always kept.
+        for _ in 0..100 {
+            log.push(2, "y".repeat(STDERR_LINE_MAX));
+        }
+        let all = log.recent(usize::MAX);
+        assert!(all.iter().map(|l| l.text.len()).sum::<usize>() <= LOG_BYTES);
+        assert_eq!(all.len(), LOG_BYTES / STDERR_LINE_MAX);
+        let huge = "z".repeat(LOG_BYTES * 2);
+        log.push(3, huge.clone());
+        assert_eq!(log.recent(usize::MAX).len(), 1);
+    }
+
+    #[test]
+    fn a_failure_tail_is_one_childs_last_lines_within_its_bounds() {
+        let log = StderrLog::default();
+        for i in 0..30 {
+            log.push(7, format!("seven {i}"));
+            log.push(8, format!("eight {i}"));
+        }
+        let tail = log.tail_of(7);
+        assert_eq!(tail.len(), TAIL_LINES);
+        assert_eq!(tail.first().map(String::as_str), Some("seven 10"));
+        assert_eq!(tail.last().map(String::as_str), Some("seven 29"));
+        assert!(log.tail_of(9).is_empty());
+        for _ in 0..3 {
+            log.push(9, "é".repeat(TAIL_BYTES));
+        }
+        let tail = log.tail_of(9);
+        assert_eq!(tail.len(), 1, "one line, cut to the bound");
+        assert!(tail[0].len() <= TAIL_BYTES && tail[0].len() > TAIL_BYTES - 2);
     }
 }

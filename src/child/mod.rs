@@ -16,6 +16,7 @@ mod group;
 mod logs;
 mod rpc;
 
+pub use logs::{LogLine, StderrLog, LOG_LINES};
 pub use rpc::{PastDeadline, ProgressSender, ProgressWatch, RpcFailure, RpcHandle};
 
 use std::fmt;
@@ -27,7 +28,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::manifest::Manifest;
 use group::Group;
-use logs::{forward_stderr, StderrTail};
+use logs::forward_stderr;
 use rpc::{read_stdout, write_stdin, Link};
 
 /// How a child process ended.
@@ -216,8 +217,11 @@ pub struct Child {
     rpc: RpcHandle,
     /// Becomes `Some` when the process has exited and been reaped.
     exit: watch::Receiver<Option<ExitInfo>>,
-    /// The last stderr lines, for the log line that reports a failure.
-    stderr_tail: StderrTail,
+    /// The toolbox's stderr log, which this child's lines go to.
+    stderr: Arc<StderrLog>,
+    /// Becomes `true` when its stderr pipe has ended: its last lines are in
+    /// the log then.
+    stderr_closed: watch::Receiver<bool>,
     /// Its cgroup, where cgroups are used: killed and removed with the child.
     cgroup: Option<crate::cgroup::Cgroup>,
     /// What it keeps of its sandbox: the summary, and the limit cgroups
@@ -226,10 +230,13 @@ pub struct Child {
 }
 
 impl Child {
-    /// Spawns the manifest's command with piped stdio, in its own process group.
-    /// Returns the child and the receiver of its events (closed when it exits).
+    /// Spawns the manifest's command with piped stdio, in its own process group;
+    /// its stderr lines go to `stderr` (the toolbox's log) as well as to the
+    /// daemon's log. Returns the child and the receiver of its events (closed
+    /// when it exits).
     pub fn spawn(
         manifest: &Manifest,
+        stderr_log: Arc<StderrLog>,
     ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
         // The keeper must exist before the child does (it is started once).
         let keeper = crate::keeper::Keeper::get();
@@ -321,12 +328,13 @@ impl Child {
             events_tx,
             exit_rx.clone(),
         ));
-        let stderr_tail = StderrTail::default();
+        let (closed_tx, stderr_closed) = watch::channel(false);
         tokio::spawn(forward_stderr(
             manifest.id.clone(),
             pid,
             stderr,
-            stderr_tail.clone(),
+            stderr_log.clone(),
+            closed_tx,
         ));
         let reaper_link = link.clone();
         let reaped = group.clone();
@@ -353,7 +361,8 @@ impl Child {
                 group,
                 rpc: RpcHandle { link },
                 exit: exit_rx,
-                stderr_tail,
+                stderr: stderr_log,
+                stderr_closed,
                 cgroup,
                 sandbox: kept,
             },
@@ -387,14 +396,18 @@ impl Child {
         &self.rpc
     }
 
-    /// The last lines the child wrote to stderr, oldest first.
+    /// The last lines the child wrote to stderr, oldest first (bounded in
+    /// lines and bytes, for a failure report).
     pub fn stderr_tail(&self) -> Vec<String> {
-        self.stderr_tail
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .cloned()
-            .collect()
+        self.stderr.tail_of(self.pid)
+    }
+
+    /// [`Child::stderr_tail`] once its stderr has ended, waiting at most
+    /// `within` for that (a process it left behind may hold the pipe open).
+    pub async fn final_stderr_tail(&self, within: Duration) -> Vec<String> {
+        let mut closed = self.stderr_closed.clone();
+        let _ = tokio::time::timeout(within, closed.wait_for(|done| *done)).await;
+        self.stderr_tail()
     }
 
     /// Waits until the process has exited and been reaped.

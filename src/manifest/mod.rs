@@ -57,6 +57,8 @@ pub struct Manifest {
     pub protocol: Option<String>,
     /// What to do when another host answers for this id.
     pub on_conflict: OnConflict,
+    /// The audit log records this toolbox's call arguments and results.
+    pub audit_arguments: bool,
     /// How the child is confined.
     pub sandbox: Sandbox,
     /// When and how fast a dead child is replaced.
@@ -181,6 +183,8 @@ struct RawManifest {
     protocol: String,
     #[serde(default)]
     on_conflict: OnConflict,
+    #[serde(default)]
+    audit_arguments: bool,
     #[serde(default)]
     sandbox: RawSandbox,
     #[serde(default)]
@@ -376,6 +380,7 @@ impl Manifest {
             instances: raw.instances,
             protocol,
             on_conflict: raw.on_conflict,
+            audit_arguments: raw.audit_arguments,
             sandbox,
             restart: raw.restart,
             limits: raw.limits,

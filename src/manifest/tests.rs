@@ -10,11 +10,19 @@ fn parse(text: &str) -> Result<Manifest, ManifestError> {
 fn defaults_fill_everything_optional() {
     let m = parse("id = \"math\"\ncommand = \"sh\"\n").unwrap();
     assert_eq!(m.id, "math");
-    assert!(m.enabled && !m.env_clear && m.protocol.is_none());
+    assert!(m.enabled && !m.env_clear && m.protocol.is_none() && !m.audit_arguments);
     assert_eq!(m.restart, Restart::default());
     assert_eq!(m.limits, Limits::default());
     assert_eq!(m.cwd, Path::new("/tmp"));
     assert!(m.program.ends_with("sh"));
+}
+
+#[test]
+fn audit_arguments_is_a_boolean() {
+    let m = parse("id = \"math\"\ncommand = \"sh\"\naudit_arguments = true\n").unwrap();
+    assert!(m.audit_arguments);
+    let e = parse("id = \"math\"\ncommand = \"sh\"\naudit_arguments = \"yes\"\n").unwrap_err();
+    assert_eq!(e.line, Some(3), "{e}");
 }
 
 #[test]

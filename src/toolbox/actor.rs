@@ -6,7 +6,6 @@
 //! its [`Mode`]. Its mailbox is read in every mode, so an operator's command
 //! or a refresh never waits behind a backoff.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
 use super::running::{drain_and_stop, Down, Running};
-use super::{CallLimits, Command, Outcome, Serving, Slot, State, Stats};
+use super::{CallLimits, Command, Outcome, RestartReason, Serving, Slot, State, Stats};
 use crate::child::{Child, ChildEvent, ExitInfo, RpcFailure};
 use crate::launch::{self, Launched};
 use crate::manifest::Manifest;
@@ -519,7 +518,7 @@ impl Actor {
             Err(down) => {
                 tracing::error!(toolbox = self.id(), "{}", down.text);
                 if let Some(reply) = reply {
-                    let _ = reply.send(Err(down.text.clone()));
+                    let _ = reply.send(Err(down.report()));
                 }
                 self.went_down(down)
             }
@@ -529,7 +528,7 @@ impl Actor {
     /// Starts a child through the one launcher; remembers the era it speaks
     /// for the next start (or forgets a guess that failed).
     async fn launch(&mut self) -> Result<Launched, Down> {
-        match launch::launch(&self.manifest, self.pin.as_deref()).await {
+        match launch::launch(&self.manifest, self.pin.as_deref(), &self.stats.stderr).await {
             Ok(launched) => {
                 self.pin = Some(launched.session.era().version().to_owned());
                 for problem in &launched.left_out {
@@ -604,6 +603,10 @@ impl Actor {
     /// failure the old child (and configuration) keeps serving.
     async fn roll(&mut self, running: &mut Running, manifest: Option<Manifest>) -> Outcome {
         let old_pid = running.child.pid();
+        let reason = match manifest {
+            Some(_) => RestartReason::Reload,
+            None => RestartReason::Operator,
+        };
         let previous = manifest.map(|m| {
             let pin = std::mem::replace(&mut self.pin, m.protocol.clone());
             (std::mem::replace(&mut self.manifest, m), pin)
@@ -612,7 +615,7 @@ impl Actor {
             Ok(launched) => {
                 let old = std::mem::replace(running, self.promote(launched));
                 let _ = self.out.limits.send(CallLimits::of(&self.manifest));
-                self.stats.restarts.fetch_add(1, Ordering::Relaxed);
+                self.stats.restarted(reason);
                 let new_pid = running.child.pid();
                 // The old child drains under the configuration it ran with.
                 let old_manifest = previous
@@ -636,7 +639,7 @@ impl Actor {
                 );
                 Err(format!(
                     "restart failed, pid {old_pid} keeps serving: {}",
-                    down.text
+                    down.report()
                 ))
             }
         }
@@ -712,9 +715,12 @@ impl Actor {
         let pid = running.child.pid();
         tracing::warn!(toolbox = self.id(), pid, "child exited ({exit})");
         let broke = running.serving.session.broken_because();
-        let text = match running.killed_for.or(broke) {
-            Some(why) => format!("exited ({exit}): killed because {why}"),
-            None => format!("exited ({exit})"),
+        let (text, reason) = match running.killed_for.or(broke) {
+            Some(why) => (
+                format!("exited ({exit}): killed because {why}"),
+                RestartReason::Killed,
+            ),
+            None => (format!("exited ({exit})"), RestartReason::Exited),
         };
         self.went_down(Down {
             exit,
@@ -722,6 +728,7 @@ impl Actor {
             text,
             stderr: running.child.stderr_tail(),
             short_of_resources: false,
+            reason,
         })
     }
 
@@ -783,7 +790,7 @@ impl Actor {
                     "restarting after the child {}",
                     down.text
                 );
-                self.stats.restarts.fetch_add(1, Ordering::Relaxed);
+                self.stats.restarted(down.reason);
                 let mode = Mode::Backoff {
                     until: tokio::time::Instant::now() + delay,
                     last_exit: down.text,

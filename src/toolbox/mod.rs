@@ -87,6 +87,17 @@ pub enum State {
 }
 
 impl State {
+    /// Every state's [`State::name`], in the order metrics list them.
+    pub const NAMES: [&'static str; 7] = [
+        "starting",
+        "ready",
+        "idle",
+        "restarting",
+        "failed",
+        "stopped",
+        "conflict",
+    ];
+
     /// The state's name as status and logs show it.
     pub fn name(&self) -> &'static str {
         match self {
@@ -178,6 +189,43 @@ enum Slot {
     Stopped,
 }
 
+/// Why a toolbox's child was replaced (the `reason` of the restarts metric).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartReason {
+    /// The child exited by itself (crash or not); a new one was started.
+    Exited,
+    /// The daemon killed it (missed probes, wedged, broke the protocol).
+    Killed,
+    /// A start did not get as far as a tool list; tried again.
+    StartFailed,
+    /// `ctl restart`: a rolling restart.
+    Operator,
+    /// A reload with a changed manifest: a rolling restart into it.
+    Reload,
+}
+
+impl RestartReason {
+    /// Every reason, in the order metrics list them.
+    pub const ALL: [RestartReason; 5] = [
+        RestartReason::Exited,
+        RestartReason::Killed,
+        RestartReason::StartFailed,
+        RestartReason::Operator,
+        RestartReason::Reload,
+    ];
+
+    /// The reason's name, as the metric's label.
+    pub fn name(self) -> &'static str {
+        match self {
+            RestartReason::Exited => "exited",
+            RestartReason::Killed => "killed",
+            RestartReason::StartFailed => "start_failed",
+            RestartReason::Operator => "operator",
+            RestartReason::Reload => "reload",
+        }
+    }
+}
+
 /// Calls whose latency is kept for the percentiles in status.
 const LATENCY_SAMPLES: usize = 1024;
 
@@ -192,6 +240,10 @@ pub struct Stats {
     pub in_flight: AtomicU64,
     /// Restarts since the daemon started (crashes and operator restarts).
     pub restarts: AtomicU64,
+    /// The same, by [`RestartReason`] (in the order of `RestartReason::ALL`).
+    restarts_by: [AtomicU64; RestartReason::ALL.len()],
+    /// The recent stderr of its children, for `ctl logs` and failure reports.
+    pub stderr: Arc<crate::child::StderrLog>,
     /// What status shows beyond the counters.
     detail: Mutex<Detail>,
 }
@@ -260,6 +312,22 @@ impl Stats {
 
     fn set_cold_start(&self, took: Duration) {
         self.detail().cold_start = Some(took);
+    }
+
+    /// Counts a restart, and why.
+    fn restarted(&self, reason: RestartReason) {
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        if let Some(i) = RestartReason::ALL.iter().position(|&r| r == reason) {
+            self.restarts_by[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Restarts by reason, every reason listed.
+    pub fn restarts_by_reason(&self) -> impl Iterator<Item = (RestartReason, u64)> + '_ {
+        RestartReason::ALL
+            .iter()
+            .zip(&self.restarts_by)
+            .map(|(&reason, count)| (reason, count.load(Ordering::Relaxed)))
     }
 
     fn set_last_exit(&self, text: String) {
@@ -368,6 +436,8 @@ struct CallLimits {
     max_argument_bytes: usize,
     /// `[start] prewarm_on`: bus topics that wake an idle toolbox.
     prewarm_on: Vec<String>,
+    /// `audit_arguments`: the audit log records arguments and results.
+    audit_arguments: bool,
 }
 
 impl CallLimits {
@@ -380,6 +450,7 @@ impl CallLimits {
                 + limits.max_queued_calls,
             max_argument_bytes: limits.max_argument_bytes,
             prewarm_on: manifest.start.prewarm_on.clone(),
+            audit_arguments: manifest.audit_arguments,
         })
     }
 
@@ -424,6 +495,11 @@ impl ToolboxHandle {
     /// The manifest's `max_argument_bytes`.
     pub fn max_argument_bytes(&self) -> usize {
         self.limits.borrow().max_argument_bytes
+    }
+
+    /// The manifest's `audit_arguments`.
+    pub fn audit_arguments(&self) -> bool {
+        self.limits.borrow().audit_arguments
     }
 
     /// The manifest's `call_timeout_s`.
@@ -739,6 +815,7 @@ impl ToolboxHandle {
             admitted: 8,
             max_argument_bytes: 1 << 20,
             prewarm_on: Vec::new(),
+            audit_arguments: false,
         }));
         ToolboxHandle {
             id: id.into(),

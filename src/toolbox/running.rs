@@ -52,9 +52,28 @@ pub(super) struct Down {
     /// It could not even be spawned, for want of descriptors, processes or
     /// memory: tried again without charging the restart budget.
     pub(super) short_of_resources: bool,
+    /// Why a restart follows, if one does.
+    pub(super) reason: super::RestartReason,
 }
 
 impl Down {
+    /// What happened, with the child's last stderr lines when it wrote any:
+    /// the answer an operator gets over `ctl`.
+    pub(super) fn report(&self) -> String {
+        if self.stderr.is_empty() {
+            return self.text.clone();
+        }
+        let mut text = format!(
+            "{}\nthe child's last stderr lines (toolboxd ctl logs shows more):",
+            self.text
+        );
+        for line in &self.stderr {
+            text.push_str("\n  ");
+            text.push_str(line);
+        }
+        text
+    }
+
     /// A child that could not finish its start: make sure it is gone, say why.
     pub(super) async fn of_failed_start(failed: LaunchError) -> Down {
         let (exit, stderr) = failed.reap().await;
@@ -68,6 +87,7 @@ impl Down {
             text,
             stderr,
             short_of_resources: failed.short_of_resources,
+            reason: super::RestartReason::StartFailed,
         }
     }
 }

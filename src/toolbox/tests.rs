@@ -265,3 +265,20 @@ async fn a_wedged_child_is_killed_and_replaced() {
     assert_ne!(handle.pids(), vec![first]);
     assert!(!alive(first));
 }
+
+#[test]
+fn every_state_name_is_listed_for_the_metrics() {
+    let text = String::new;
+    for state in [
+        State::Starting,
+        State::Ready,
+        State::Idle,
+        State::Restarting { last_exit: text() },
+        State::Failed { reason: text() },
+        State::Stopped,
+        State::Conflict { reason: text() },
+    ] {
+        assert!(State::NAMES.contains(&state.name()), "{}", state.name());
+    }
+    assert_eq!(State::NAMES.len(), 7);
+}

@@ -1,0 +1,499 @@
+//! `--audit-log PATH`: one JSON line per finished call (docs/operations.md,
+//! "Audit log"): when, which toolbox and tool, the caller's session and topic,
+//! how long, how it ended, the error text; the arguments and the result only
+//! for a toolbox whose manifest says `audit_arguments = true`.
+//!
+//! A call never waits for the file: its line goes into a queue bounded in
+//! lines and bytes, and a thread of its own writes the queue out. When the
+//! queue is full the line is dropped and counted (the
+//! `toolboxd_audit_dropped_lines_total` metric, and a log line). SIGHUP makes
+//! the writer reopen the path, for logrotate.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::observe::Finished;
+use crate::throttle::LogBudget;
+
+/// Lines that may wait for the writer.
+const MAX_QUEUED_LINES: usize = 10_000;
+/// Bytes that may wait for the writer.
+const MAX_QUEUED_BYTES: usize = 16 * 1024 * 1024;
+/// Longest line: a longer one (large arguments or result) is written without
+/// its arguments and result, marked `"truncated": true`.
+const MAX_LINE_BYTES: usize = 256 * 1024;
+/// Longest error text, session id and topic written (cut at a character).
+const MAX_TEXT_BYTES: usize = 4096;
+/// How long shutdown waits for the writer to write what is queued.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Why the audit log cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot open the audit log {path}: {why}; check that its directory exists and is writable, or give another --audit-log PATH")]
+pub struct AuditError {
+    /// The path given.
+    pub path: PathBuf,
+    /// What went wrong.
+    pub why: String,
+}
+
+/// What goes to the writer thread.
+enum Message {
+    /// One line, without its newline.
+    Line(String),
+    /// Look at the reopen flag now.
+    Wake,
+    /// Write what is queued, then end.
+    Close,
+}
+
+/// Opens where the lines go: the file at the path, each time it is reopened.
+type Opener = Box<dyn FnMut() -> Result<Box<dyn Write + Send>, String> + Send>;
+
+/// The audit log: cheap to share, never blocks a call.
+pub struct Audit {
+    /// The queue to the writer thread (bounded in lines).
+    tx: SyncSender<Message>,
+    /// Bytes queued and not yet written (the queue's bound in bytes).
+    queued: Arc<AtomicUsize>,
+    /// Set on SIGHUP: the writer reopens the path before its next line.
+    reopen: Arc<AtomicBool>,
+    /// Lines dropped so far.
+    dropped: AtomicU64,
+    /// Drops are logged at most once a second.
+    drop_log: Mutex<LogBudget>,
+    /// The writer thread, until it is closed.
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// One audit line as written.
+#[derive(Serialize)]
+struct Line<'a> {
+    time: String,
+    toolbox: &'a str,
+    tool: &'a str,
+    session: Option<&'a str>,
+    topic: &'a str,
+    duration_ms: f64,
+    outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    arguments: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<&'a Value>,
+    #[serde(skip_serializing_if = "is_false")]
+    truncated: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
+}
+
+impl Audit {
+    /// Opens (creating, mode 0600) the regular file at `path` for appending
+    /// and starts its writer.
+    pub fn open(path: &Path) -> Result<Audit, AuditError> {
+        let error = |why: String| AuditError {
+            path: path.to_owned(),
+            why,
+        };
+        let first = open_file(path).map_err(error)?;
+        let path = path.to_owned();
+        let mut first = Some(first);
+        let opener: Opener = Box::new(move || match first.take() {
+            Some(file) => Ok(file),
+            None => open_file(&path).map_err(|why| format!("{}: {why}", path.display())),
+        });
+        Ok(Audit::start(opener, MAX_QUEUED_LINES))
+    }
+
+    /// Starts the writer thread on what `open` gives, with a queue of `lines`.
+    fn start(mut open: Opener, lines: usize) -> Audit {
+        let (tx, rx) = sync_channel(lines);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let reopen = Arc::new(AtomicBool::new(false));
+        let out = open();
+        let writer = {
+            let (queued, reopen) = (queued.clone(), reopen.clone());
+            std::thread::Builder::new()
+                .name("audit-log".to_owned())
+                .spawn(move || write_lines(out, open, rx, &queued, &reopen))
+        };
+        let writer = match writer {
+            Ok(handle) => Some(handle),
+            Err(e) => {
+                tracing::error!(
+                    "audit log: cannot start its writer thread: {e}; no line will be written"
+                );
+                None
+            }
+        };
+        Audit {
+            tx,
+            queued,
+            reopen,
+            dropped: AtomicU64::new(0),
+            drop_log: Mutex::new(LogBudget::new(1)),
+            writer: Mutex::new(writer),
+        }
+    }
+
+    /// Queues the line of a finished call; `false` when it was dropped
+    /// because the writer is behind. Never waits.
+    pub fn record(&self, call: &Finished<'_>) -> bool {
+        let line = encode(call);
+        let bytes = line.len() + 1;
+        if self.queued.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_QUEUED_BYTES {
+            self.queued.fetch_sub(bytes, Ordering::Relaxed);
+            return self.dropped();
+        }
+        match self.tx.try_send(Message::Line(line)) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.queued.fetch_sub(bytes, Ordering::Relaxed);
+                self.dropped()
+            }
+        }
+    }
+
+    /// Counts and (within a budget) logs a dropped line; `false`.
+    fn dropped(&self) -> bool {
+        let total = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut budget = self.drop_log.lock().unwrap_or_else(|e| e.into_inner());
+        if budget.take().is_some() {
+            tracing::warn!(
+                dropped_total = total,
+                "audit log: a line was dropped, the writer is behind (is the disk slow or full?)"
+            );
+        }
+        false
+    }
+
+    /// Lines dropped so far.
+    pub fn dropped_lines(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Reopens the path before the next line (after logrotate moved the file).
+    pub fn reopen(&self) {
+        self.reopen.store(true, Ordering::Relaxed);
+        let _ = self.tx.try_send(Message::Wake);
+    }
+
+    /// Writes what is queued and stops the writer (waits at most a few
+    /// seconds, off the runtime's thread).
+    pub async fn close(self: Arc<Self>) {
+        let closing = tokio::task::spawn_blocking(move || {
+            if self.tx.send(Message::Close).is_err() {
+                return;
+            }
+            let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(writer) = writer {
+                let _ = writer.join();
+            }
+        });
+        if tokio::time::timeout(CLOSE_WAIT, closing).await.is_err() {
+            tracing::warn!(
+                "audit log: the writer did not finish within {CLOSE_WAIT:?}; lines may be lost"
+            );
+        }
+    }
+}
+
+/// The writer thread: writes lines as they come, flushes whenever the queue
+/// is empty, reopens when asked, ends on `Close` (or when every sender is gone).
+fn write_lines(
+    first: Result<Box<dyn Write + Send>, String>,
+    mut open: Opener,
+    rx: Receiver<Message>,
+    queued: &AtomicUsize,
+    reopen: &AtomicBool,
+) {
+    let mut out = match first {
+        Ok(out) => Some(std::io::BufWriter::new(out)),
+        Err(why) => {
+            tracing::error!("audit log: {why}");
+            None
+        }
+    };
+    let mut failing = LogBudget::new(1);
+    let mut next = rx.recv().ok();
+    while let Some(message) = next {
+        if reopen.swap(false, Ordering::Relaxed) {
+            if let Some(old) = out.as_mut() {
+                let _ = old.flush();
+            }
+            match open() {
+                Ok(new) => {
+                    out = Some(std::io::BufWriter::new(new));
+                    tracing::info!("audit log reopened");
+                }
+                Err(why) => tracing::error!(
+                    "audit log: cannot reopen {why}; writing on to the file already open"
+                ),
+            }
+        }
+        match message {
+            Message::Line(line) => {
+                queued.fetch_sub(line.len() + 1, Ordering::Relaxed);
+                let written = match out.as_mut() {
+                    Some(out) => out
+                        .write_all(line.as_bytes())
+                        .and_then(|()| out.write_all(b"\n")),
+                    None => Err(std::io::Error::other("no file is open")),
+                };
+                if let Err(e) = written {
+                    if let Some(dropped) = failing.take() {
+                        tracing::error!(dropped, "audit log: cannot write a line: {e}");
+                    }
+                }
+            }
+            Message::Wake => {}
+            Message::Close => break,
+        }
+        next = match rx.try_recv() {
+            Ok(message) => Some(message),
+            Err(_) => {
+                if let Some(out) = out.as_mut() {
+                    let _ = out.flush();
+                }
+                rx.recv().ok()
+            }
+        };
+    }
+    if let Some(out) = out.as_mut() {
+        let _ = out.flush();
+    }
+}
+
+/// Opens `path` to append (creating it, mode 0600), refusing anything but a
+/// regular file (a FIFO would block the writer, a device would take the
+/// lines elsewhere).
+fn open_file(path: &Path) -> Result<Box<dyn Write + Send>, String> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let opened = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path);
+    // A FIFO without a reader refuses a non-blocking open: say what is there.
+    let kind = match &opened {
+        Ok(file) => file.metadata().map(|m| m.file_type()),
+        Err(_) => std::fs::metadata(path).map(|m| m.file_type()),
+    };
+    let file = match (opened, kind) {
+        (Ok(file), Ok(kind)) if kind.is_file() => file,
+        (Err(e), Ok(kind)) if kind.is_file() => return Err(e.to_string()),
+        (Err(e), Err(_)) | (Ok(_), Err(e)) => return Err(e.to_string()),
+        (_, Ok(kind)) => {
+            let what = if kind.is_fifo() {
+                "a FIFO"
+            } else if kind.is_char_device() || kind.is_block_device() {
+                "a device"
+            } else if kind.is_dir() {
+                "a directory"
+            } else {
+                "a socket or another special file"
+            };
+            return Err(format!("it is {what}, not a regular file"));
+        }
+    };
+    Ok(Box::new(file))
+}
+
+/// The JSON line of `call` (without its newline), within [`MAX_LINE_BYTES`].
+fn encode(call: &Finished<'_>) -> String {
+    let session = call
+        .request
+        .context
+        .get("session")
+        .and_then(|s| s.get("session_id"))
+        .and_then(Value::as_str)
+        .map(|s| cut(s, MAX_TEXT_BYTES));
+    let mut line = Line {
+        time: crate::clock::rfc3339(std::time::SystemTime::now()),
+        toolbox: call.toolbox,
+        tool: call.tool,
+        session,
+        topic: cut(&call.request.msg_type, MAX_TEXT_BYTES),
+        duration_ms: (call.took.as_secs_f64() * 1e6).round() / 1e3,
+        outcome: call.outcome.name(),
+        error: call.answer.as_ref().err().map(|e| cut(e, MAX_TEXT_BYTES)),
+        arguments: call.arguments,
+        result: call
+            .arguments
+            .is_some()
+            .then(|| call.answer.as_ref().ok())
+            .flatten(),
+        truncated: false,
+    };
+    let text = serde_json::to_string(&line).unwrap_or_default();
+    if text.len() <= MAX_LINE_BYTES {
+        return text;
+    }
+    line.arguments = None;
+    line.result = None;
+    line.truncated = true;
+    serde_json::to_string(&line).unwrap_or_default()
+}
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bus::envelope::Message as BusMessage;
+    use crate::observe::Outcome;
+    use serde_json::json;
+
+    fn request() -> BusMessage {
+        BusMessage::decode(
+            r#"{"type":"ovos.tools.invoke","data":{},"context":{"session":{"session_id":"s1"}}}"#,
+        )
+        .expect("a message")
+    }
+
+    fn finished<'a>(
+        request: &'a BusMessage,
+        answer: &'a Result<Value, String>,
+        arguments: Option<&'a Value>,
+    ) -> Finished<'a> {
+        Finished {
+            toolbox: "math",
+            tool: "add",
+            outcome: if answer.is_ok() {
+                Outcome::Ok
+            } else {
+                Outcome::Error
+            },
+            took: Duration::from_micros(1500),
+            request,
+            answer,
+            arguments,
+        }
+    }
+
+    #[test]
+    fn a_line_has_every_field_and_arguments_only_when_given() {
+        let request = request();
+        let ok = Ok(json!({"result": 5}));
+        let line: Value = serde_json::from_str(&encode(&finished(&request, &ok, None))).unwrap();
+        assert_eq!(line["toolbox"], "math");
+        assert_eq!(line["tool"], "add");
+        assert_eq!(line["session"], "s1");
+        assert_eq!(line["topic"], "ovos.tools.invoke");
+        assert_eq!(line["duration_ms"], 1.5);
+        assert_eq!(line["outcome"], "ok");
+        assert!(line["time"].as_str().unwrap().ends_with('Z'));
+        for absent in ["error", "arguments", "result", "truncated"] {
+            assert!(line.get(absent).is_none(), "{absent}: {line}");
+        }
+        let args = json!({"a": 2, "b": 3});
+        let line: Value =
+            serde_json::from_str(&encode(&finished(&request, &ok, Some(&args)))).unwrap();
+        assert_eq!(
+            (&line["arguments"], &line["result"]),
+            (&args, &json!({"result": 5}))
+        );
+        let failed = Err("ValueError: no".to_owned());
+        let line: Value =
+            serde_json::from_str(&encode(&finished(&request, &failed, Some(&args)))).unwrap();
+        assert_eq!(line["error"], "ValueError: no");
+        assert!(line.get("result").is_none());
+        // Too large: written without arguments and result, and said so.
+        let big = json!({"text": "x".repeat(MAX_LINE_BYTES)});
+        let line = encode(&finished(&request, &ok, Some(&big)));
+        assert!(line.len() < 1024, "{line}");
+        let line: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(line["truncated"], true);
+        assert!(line.get("arguments").is_none());
+    }
+
+    /// A sink that blocks every write until `gate` is opened, and keeps
+    /// what it was given.
+    struct Gated {
+        gate: Arc<(Mutex<bool>, std::sync::Condvar)>,
+        entered: Arc<AtomicBool>,
+        written: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Gated {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.entered.store(true, Ordering::SeqCst);
+            let (open, changed) = &*self.gate;
+            let mut open = open.lock().unwrap();
+            while !*open {
+                open = changed.wait(open).unwrap();
+            }
+            self.written.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stuck_writer_never_blocks_a_call_it_drops_and_counts_lines() {
+        let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let entered = Arc::new(AtomicBool::new(false));
+        let sink = Gated {
+            gate: gate.clone(),
+            entered: entered.clone(),
+            written: written.clone(),
+        };
+        let mut sink = Some(sink);
+        let opener: Opener = Box::new(move || {
+            sink.take()
+                .map(|s| Box::new(s) as Box<dyn Write + Send>)
+                .ok_or_else(|| "opened once only".to_owned())
+        });
+        let audit = Arc::new(Audit::start(opener, 4));
+        let request = request();
+        let ok = Ok(json!({}));
+        // The first line: the writer takes it and gets stuck writing it out.
+        assert!(audit.record(&finished(&request, &ok, None)));
+        while !entered.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let started = std::time::Instant::now();
+        let accepted = (0..49)
+            .filter(|_| audit.record(&finished(&request, &ok, None)))
+            .count();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "recording never waits"
+        );
+        // The queue holds four; the rest are dropped and counted.
+        assert_eq!(accepted, 4);
+        assert_eq!(audit.dropped_lines(), 45);
+        {
+            let (open, changed) = &*gate;
+            *open.lock().unwrap() = true;
+            changed.notify_all();
+        }
+        audit.clone().close().await;
+        let text = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 5, "{text}");
+    }
+}

@@ -1,0 +1,254 @@
+//! `--metrics`: the daemon's Prometheus metrics (docs/operations.md,
+//! "Metrics"), served as text by [`server`].
+//!
+//! Calls are counted as they finish ([`Metrics::call_finished`], on the call
+//! path: a read lock, two map lookups, atomic adds, no allocation once a tool
+//! has been called). Everything else — toolbox states, calls in flight,
+//! restarts, the bus connection, the process's memory and descriptors — is
+//! read when scraped ([`live`]), so nothing else in the daemon reports to it.
+//!
+//! Series are bounded: labels are toolbox ids (from manifests), tool names
+//! the catalog listed (never a name a caller sent) and fixed words; past
+//! [`MAX_TOOL_SERIES`] (toolbox, tool) pairs, further tools are counted under
+//! `tool=""`, so a child that renames its tools without end cannot grow them.
+
+mod live;
+pub mod server;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::sync::watch;
+
+use crate::observe::Outcome;
+
+/// Most (toolbox, tool) pairs with series of their own.
+pub const MAX_TOOL_SERIES: usize = 1000;
+
+/// Upper bounds of the call duration buckets, in seconds: from a relay's
+/// fraction of a millisecond to the longest deadlines.
+const DURATION_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+];
+
+impl EncodeLabelValue for Outcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        EncodeLabelValue::encode(&self.name(), encoder)
+    }
+}
+
+/// Labels of `toolboxd_calls_total`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CallLabels {
+    toolbox: Arc<str>,
+    tool: Arc<str>,
+    outcome: Outcome,
+}
+
+/// Labels of `toolboxd_call_duration_seconds`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ToolLabels {
+    toolbox: Arc<str>,
+    tool: Arc<str>,
+}
+
+/// One (toolbox, tool) pair's series, held for the call path.
+struct ToolSeries {
+    /// `toolboxd_calls_total`, one per [`Outcome`] (in `Outcome::ALL` order).
+    calls: [Counter; Outcome::ALL.len()],
+    /// `toolboxd_call_duration_seconds`.
+    duration: Histogram,
+}
+
+/// The series of every (toolbox, tool) pair called so far.
+#[derive(Default)]
+struct SeriesTable {
+    /// By toolbox, then tool: looked up with borrowed names.
+    by_toolbox: HashMap<Arc<str>, HashMap<Arc<str>, Arc<ToolSeries>>>,
+    /// Pairs with series of their own (the `tool=""` ones not counted).
+    pairs: usize,
+}
+
+/// The daemon's metrics.
+pub struct Metrics {
+    /// What `/metrics` encodes: the families below and the scrape-time collector.
+    registry: prometheus_client::registry::Registry,
+    /// `toolboxd_calls_total{toolbox,tool,outcome}`.
+    calls: Family<CallLabels, Counter>,
+    /// `toolboxd_call_duration_seconds{toolbox,tool}`.
+    durations: Family<ToolLabels, Histogram, fn() -> Histogram>,
+    /// The call path's handles into the families.
+    series: RwLock<SeriesTable>,
+    /// `toolboxd_audit_dropped_lines_total`.
+    audit_dropped: Counter,
+}
+
+impl Metrics {
+    /// The daemon's metrics: calls as they finish, and at each scrape the
+    /// state of the toolboxes in `catalog` and of the bus connection.
+    pub fn new(
+        catalog: Arc<crate::registry::Registry>,
+        bus_connected: watch::Receiver<bool>,
+    ) -> Metrics {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let calls = Family::<CallLabels, Counter>::default();
+        let durations: Family<ToolLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS));
+        let audit_dropped = Counter::default();
+        registry.register(
+            "toolboxd_calls",
+            "Calls answered, by toolbox, tool and outcome",
+            calls.clone(),
+        );
+        registry.register(
+            "toolboxd_call_duration_seconds",
+            "Time from a call's arrival to its answer, by toolbox and tool",
+            durations.clone(),
+        );
+        registry.register(
+            "toolboxd_audit_dropped_lines",
+            "Audit log lines dropped because the writer was behind",
+            audit_dropped.clone(),
+        );
+        registry.register_collector(Box::new(live::Live::new(catalog, bus_connected)));
+        Metrics {
+            registry,
+            calls,
+            durations,
+            series: RwLock::new(SeriesTable::default()),
+            audit_dropped,
+        }
+    }
+
+    /// Counts a finished call of `tool` in `toolbox`, which took `took`.
+    pub fn call_finished(&self, toolbox: &str, tool: &str, outcome: Outcome, took: Duration) {
+        let series = self.series_of(toolbox, tool);
+        if let Some(i) = Outcome::ALL.iter().position(|&o| o == outcome) {
+            series.calls[i].inc();
+        }
+        series.duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts an audit line that was dropped.
+    pub fn audit_line_dropped(&self) {
+        self.audit_dropped.inc();
+    }
+
+    /// The series of (`toolbox`, `tool`), created on its first call; past
+    /// [`MAX_TOOL_SERIES`] pairs, the toolbox's `tool=""` series.
+    fn series_of(&self, toolbox: &str, tool: &str) -> Arc<ToolSeries> {
+        {
+            let table = self.series.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(found) = table.by_toolbox.get(toolbox).and_then(|t| t.get(tool)) {
+                return found.clone();
+            }
+        }
+        let mut table = self.series.write().unwrap_or_else(|e| e.into_inner());
+        let tool = if table.pairs < MAX_TOOL_SERIES {
+            tool
+        } else {
+            ""
+        };
+        let toolbox: Arc<str> = toolbox.into();
+        let tools = table.by_toolbox.entry(toolbox.clone()).or_default();
+        if let Some(found) = tools.get(tool) {
+            return found.clone();
+        }
+        let tool: Arc<str> = tool.into();
+        let series = Arc::new(self.new_series(&toolbox, &tool));
+        tools.insert(tool.clone(), series.clone());
+        if !tool.is_empty() {
+            table.pairs += 1;
+        }
+        series
+    }
+
+    fn new_series(&self, toolbox: &Arc<str>, tool: &Arc<str>) -> ToolSeries {
+        let calls = Outcome::ALL.map(|outcome| {
+            self.calls.get_or_create_owned(&CallLabels {
+                toolbox: toolbox.clone(),
+                tool: tool.clone(),
+                outcome,
+            })
+        });
+        let duration = self.durations.get_or_create_owned(&ToolLabels {
+            toolbox: toolbox.clone(),
+            tool: tool.clone(),
+        });
+        ToolSeries { calls, duration }
+    }
+
+    /// Every metric in the Prometheus text format (version 0.0.4).
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String does not fail; a collector's error would leave
+        // a partial text, which Prometheus reports as a failed scrape.
+        if let Err(e) =
+            prometheus_client::encoding::prometheus_text::encode(&mut text, &self.registry)
+        {
+            tracing::warn!("encoding the metrics failed: {e}");
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics() -> Metrics {
+        let (_, connected) = watch::channel(true);
+        Metrics::new(Arc::default(), connected)
+    }
+
+    #[test]
+    fn counts_calls_by_toolbox_tool_and_outcome_with_their_durations() {
+        let m = metrics();
+        m.call_finished("math", "add", Outcome::Ok, Duration::from_millis(2));
+        m.call_finished("math", "add", Outcome::Ok, Duration::from_millis(3));
+        m.call_finished("math", "add", Outcome::Timeout, Duration::from_secs(40));
+        m.audit_line_dropped();
+        let text = m.encode();
+        for line in [
+            "toolboxd_calls_total{toolbox=\"math\",tool=\"add\",outcome=\"ok\"} 2",
+            "toolboxd_calls_total{toolbox=\"math\",tool=\"add\",outcome=\"timeout\"} 1",
+            "toolboxd_calls_total{toolbox=\"math\",tool=\"add\",outcome=\"busy\"} 0",
+            "toolboxd_call_duration_seconds_bucket{toolbox=\"math\",tool=\"add\",le=\"0.0025\"} 1",
+            "toolboxd_call_duration_seconds_bucket{toolbox=\"math\",tool=\"add\",le=\"0.005\"} 2",
+            "toolboxd_call_duration_seconds_bucket{toolbox=\"math\",tool=\"add\",le=\"60\"} 3",
+            "toolboxd_call_duration_seconds_bucket{toolbox=\"math\",tool=\"add\",le=\"+Inf\"} 3",
+            "toolboxd_call_duration_seconds_count{toolbox=\"math\",tool=\"add\"} 3",
+            "toolboxd_audit_dropped_lines_total 1",
+            "toolboxd_bus_connected 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn tool_series_are_bounded() {
+        let m = metrics();
+        for i in 0..MAX_TOOL_SERIES + 50 {
+            m.call_finished("box", &format!("t{i}"), Outcome::Ok, Duration::ZERO);
+        }
+        m.call_finished("other", "new", Outcome::Error, Duration::ZERO);
+        let text = m.encode();
+        let counted = |tool: &str| {
+            text.lines()
+                .filter(|l| l.starts_with("toolboxd_calls_total{") && l.contains(tool))
+                .count()
+        };
+        assert_eq!(counted("tool=\"t0\""), Outcome::ALL.len());
+        assert_eq!(counted(&format!("tool=\"t{}\"", MAX_TOOL_SERIES)), 0);
+        assert!(text.contains("toolboxd_calls_total{toolbox=\"box\",tool=\"\",outcome=\"ok\"} 50"));
+        assert!(
+            text.contains("toolboxd_calls_total{toolbox=\"other\",tool=\"\",outcome=\"error\"} 1")
+        );
+    }
+}

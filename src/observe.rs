@@ -1,0 +1,127 @@
+//! What a finished call tells the operator: how it ended ([`Outcome`]), and
+//! the one place the service reports it ([`Observer::call_finished`]) to the
+//! metrics (`--metrics`) and the audit log (`--audit-log`), each when enabled.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::audit::Audit;
+use crate::bus::envelope::Message;
+use crate::metrics::Metrics;
+use crate::toolbox::{CallError, ToolboxHandle};
+
+/// How a call ended: the `outcome` label of the calls metric and the audit
+/// log's `outcome` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Answered with a result.
+    Ok,
+    /// Answered with an error: the tool's own, a JSON-RPC error, an output
+    /// that fails its schema, a toolbox that is failed or stopped.
+    Error,
+    /// The arguments failed the tool's schema: the child never saw the call.
+    Invalid,
+    /// The deadline passed (waiting for a child included).
+    Timeout,
+    /// The child exited, or broke the protocol, while it had the call.
+    Crash,
+    /// Cancelled before it was answered.
+    Cancelled,
+    /// Refused at once: too many calls wait for the toolbox already.
+    Busy,
+}
+
+impl Outcome {
+    /// Every outcome, in the order metrics list them.
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Ok,
+        Outcome::Error,
+        Outcome::Invalid,
+        Outcome::Timeout,
+        Outcome::Crash,
+        Outcome::Cancelled,
+        Outcome::Busy,
+    ];
+
+    /// The outcome's name, as metrics and the audit log write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Error => "error",
+            Outcome::Invalid => "invalid",
+            Outcome::Timeout => "timeout",
+            Outcome::Crash => "crash",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Busy => "busy",
+        }
+    }
+
+    /// How a call that got no result from its toolbox ended.
+    pub fn of(error: &CallError) -> Outcome {
+        match error {
+            CallError::Timeout(_) => Outcome::Timeout,
+            CallError::Exited(_) | CallError::Broken(_) => Outcome::Crash,
+            CallError::Rpc(_) | CallError::Failed(_) | CallError::Stopped => Outcome::Error,
+            CallError::Busy { .. } => Outcome::Busy,
+            CallError::Cancelled => Outcome::Cancelled,
+        }
+    }
+}
+
+/// One call, as it finished.
+pub struct Finished<'a> {
+    /// The toolbox that had it.
+    pub toolbox: &'a str,
+    /// The tool, as the catalog knows it (never an unknown name).
+    pub tool: &'a str,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// From its arrival to its answer.
+    pub took: Duration,
+    /// The request: its topic and session, for the audit log.
+    pub request: &'a Message,
+    /// The answer: its error text, and its result for an audit that
+    /// records arguments.
+    pub answer: &'a Result<Value, String>,
+    /// The arguments, when the audit log records them for this toolbox.
+    pub arguments: Option<&'a Value>,
+}
+
+/// Where finished calls are reported: the metrics and the audit log, each
+/// only when the daemon was asked for it. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct Observer {
+    /// `--metrics`: the calls counters and duration histograms.
+    metrics: Option<Arc<Metrics>>,
+    /// `--audit-log`: a line per call.
+    audit: Option<Arc<Audit>>,
+}
+
+impl Observer {
+    /// An observer reporting to `metrics` and `audit`, each when given.
+    pub fn new(metrics: Option<Arc<Metrics>>, audit: Option<Arc<Audit>>) -> Observer {
+        Observer { metrics, audit }
+    }
+
+    /// Whether a call to `toolbox` must keep its arguments for the audit log
+    /// (its manifest says `audit_arguments = true`).
+    pub fn wants_arguments(&self, toolbox: &ToolboxHandle) -> bool {
+        self.audit.is_some() && toolbox.audit_arguments()
+    }
+
+    /// Reports a finished call.
+    pub fn call_finished(&self, call: &Finished<'_>) {
+        if let Some(metrics) = &self.metrics {
+            metrics.call_finished(call.toolbox, call.tool, call.outcome, call.took);
+        }
+        if let Some(audit) = &self.audit {
+            if !audit.record(call) {
+                if let Some(metrics) = &self.metrics {
+                    metrics.audit_line_dropped();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! `toolboxd run --metrics ADDR`: the Prometheus endpoint, scraped over HTTP
+//! after a known mix of calls on real children over the real bus.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use serde_json::json;
+
+use common::{math_manifest, repo, wait_until, Bus, Daemon, TempDir, ANSWER_DEADLINE};
+
+/// Manifest text for the fault fixture under `id`, with extra lines.
+fn faulty(id: &str, extra: &str) -> String {
+    format!(
+        "id = \"{id}\"\ncommand = \"python3\"\nargs = [\"{}\"]\n{extra}\n",
+        repo("tests/fixtures/faulty_toolbox.py")
+    )
+}
+
+/// A daemon serving metrics on a port of its choice, and that address.
+fn start(dir: &TempDir) -> (Daemon, SocketAddr) {
+    let daemon = Daemon::start_env(
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+        &[],
+    );
+    let line = daemon.log_lines_with("metrics listening");
+    let addr = line[0]["addr"]
+        .as_str()
+        .expect("the address")
+        .parse()
+        .unwrap();
+    (daemon, addr)
+}
+
+/// One HTTP/1.1 exchange: (status line, headers and body).
+fn http(addr: SocketAddr, request: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    stream.set_read_timeout(Some(ANSWER_DEADLINE)).unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("an answer");
+    let (status, rest) = answer.split_once("\r\n").unwrap_or((&answer, ""));
+    (status.to_owned(), rest.to_owned())
+}
+
+/// `GET /metrics`: the body.
+fn scrape(addr: SocketAddr) -> String {
+    let (status, rest) = http(
+        addr,
+        "GET /metrics HTTP/1.1\r\nHost: toolboxd\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, "HTTP/1.1 200 OK", "{rest}");
+    assert!(
+        rest.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{rest}"
+    );
+    rest.split_once("\r\n\r\n").expect("a body").1.to_owned()
+}
+
+/// The value of the sample `series` (name and labels, exactly as written).
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+}
+
+/// `toolboxd_calls_total` of (toolbox, tool, outcome).
+fn calls(text: &str, toolbox: &str, tool: &str, outcome: &str) -> f64 {
+    let series = format!(
+        "toolboxd_calls_total{{toolbox=\"{toolbox}\",tool=\"{tool}\",outcome=\"{outcome}\"}}"
+    );
+    value(text, &series).unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn metrics_count_a_known_mix_of_calls() {
+    let dir = TempDir::new("metrics");
+    dir.write("f.toml", &faulty("f", ""));
+    // One slot, no queue, a 1 s deadline for `hang`: a timeout, and a busy.
+    dir.write(
+        "slow.toml",
+        &faulty(
+            "slow",
+            "[limits]\nmax_concurrent_calls = 1\nmax_queued_calls = 0\ndrain_timeout_s = 0\n\
+             [limits.tool_timeouts]\nhang = 1\n",
+        ),
+    );
+    dir.write("math.toml", &math_manifest("math"));
+    let (daemon, addr) = start(&dir);
+    let mut bus = Bus::connect(&daemon.url).await;
+
+    let before = scrape(addr);
+    assert_eq!(
+        value(&before, "toolboxd_bus_connected"),
+        Some(1.0),
+        "{before}"
+    );
+    assert_eq!(
+        value(
+            &before,
+            "toolboxd_toolbox_state{toolbox=\"f\",state=\"ready\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &before,
+            "toolboxd_toolbox_state{toolbox=\"f\",state=\"failed\"}"
+        ),
+        Some(0.0)
+    );
+    assert!(value(&before, "process_resident_memory_bytes").unwrap() > 1e6);
+    assert!(value(&before, "process_open_fds").unwrap() >= 3.0);
+    assert_eq!(
+        value(&before, "toolboxd_audit_dropped_lines_total"),
+        Some(0.0)
+    );
+    assert!(
+        !before.contains("toolboxd_calls_total{"),
+        "no call yet: {before}"
+    );
+
+    for _ in 0..3 {
+        assert_eq!(bus.call("f", "ok", json!({})).await["result"]["ok"], true);
+    }
+    let invalid = bus.call("f", "crash", json!({"code": "x"})).await;
+    assert!(
+        invalid["error"].as_str().unwrap().starts_with("ValueError"),
+        "{invalid}"
+    );
+    let crash = bus.call("f", "crash", json!({})).await;
+    assert!(
+        crash["error"].as_str().unwrap().contains("exited"),
+        "{crash}"
+    );
+    let error = bus.call("math", "sqrt", json!({"number": -1})).await;
+    assert!(error["error"].is_string(), "{error}");
+    // Names the catalog does not know make no series.
+    let unknown = bus.call("f", "no_such_tool", json!({})).await;
+    assert!(unknown["error"].as_str().unwrap().contains("Unknown tool"));
+    let r = bus
+        .request("ovos.tools.invoke", json!({"name": "nor_this", "args": {}}))
+        .await;
+    assert!(r["data"]["error"].is_string());
+
+    // `hang` takes the one slot; seen in flight, a second call is busy.
+    bus.send(
+        "ovos.persona.tools.call",
+        json!({"toolbox_id": "slow", "name": "hang", "kwargs": {}}),
+        json!({"mark": "hang"}),
+    )
+    .await;
+    wait_until("hang in flight", ANSWER_DEADLINE, || {
+        value(&scrape(addr), "toolboxd_calls_in_flight{toolbox=\"slow\"}") == Some(1.0)
+    });
+    let busy = bus.call("slow", "ok", json!({})).await;
+    assert!(busy["error"].as_str().unwrap().contains("busy"), "{busy}");
+    let timeout = bus
+        .wait_for(ANSWER_DEADLINE, |m| {
+            m["type"] == "ovos.persona.tools.call.response" && m["context"]["mark"] == "hang"
+        })
+        .await
+        .expect("the hang call's answer");
+    assert!(
+        timeout["data"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("TimeoutError"),
+        "{timeout}"
+    );
+    // The crashed child was replaced.
+    wait_until("the crash counted as a restart", ANSWER_DEADLINE, || {
+        let text = scrape(addr);
+        value(
+            &text,
+            "toolboxd_restarts_total{toolbox=\"f\",reason=\"exited\"}",
+        ) == Some(1.0)
+            && value(
+                &text,
+                "toolboxd_toolbox_state{toolbox=\"f\",state=\"ready\"}",
+            ) == Some(1.0)
+    });
+
+    let text = scrape(addr);
+    let expected = [
+        ("f", "ok", "ok", 3.0),
+        ("f", "crash", "invalid", 1.0),
+        ("f", "crash", "crash", 1.0),
+        ("f", "crash", "ok", 0.0),
+        ("math", "sqrt", "error", 1.0),
+        ("slow", "hang", "timeout", 1.0),
+        ("slow", "ok", "busy", 1.0),
+    ];
+    for (toolbox, tool, outcome, count) in expected {
+        assert_eq!(
+            calls(&text, toolbox, tool, outcome),
+            count,
+            "{toolbox}/{tool}/{outcome}:\n{text}"
+        );
+    }
+    let total: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("toolboxd_calls_total{"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    assert_eq!(total, 8.0, "every call counted once:\n{text}");
+    assert!(
+        !text.contains("no_such_tool") && !text.contains("nor_this"),
+        "{text}"
+    );
+    let histogram = |toolbox: &str, tool: &str, suffix: &str| {
+        let series = format!(
+            "toolboxd_call_duration_seconds_{suffix}{{toolbox=\"{toolbox}\",tool=\"{tool}\"}}"
+        );
+        value(&text, &series)
+    };
+    assert_eq!(histogram("f", "ok", "count"), Some(3.0));
+    assert_eq!(histogram("f", "crash", "count"), Some(2.0));
+    assert_eq!(histogram("slow", "hang", "count"), Some(1.0));
+    let bucket = |le: &str| {
+        value(
+            &text,
+            &format!(
+                "toolboxd_call_duration_seconds_bucket{{toolbox=\"slow\",tool=\"hang\",le=\"{le}\"}}"
+            ),
+        )
+    };
+    // The timeout took its 1 s deadline: above the 0.5 s bucket, within 2.5 s.
+    assert_eq!(
+        (bucket("0.5"), bucket("2.5")),
+        (Some(0.0), Some(1.0)),
+        "{text}"
+    );
+    assert!(histogram("slow", "hang", "sum").unwrap() >= 1.0);
+    assert_eq!(
+        value(&text, "toolboxd_calls_in_flight{toolbox=\"slow\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(
+            &text,
+            "toolboxd_restarts_total{toolbox=\"math\",reason=\"exited\"}"
+        ),
+        Some(0.0)
+    );
+
+    // An operator's restart is counted as such.
+    assert_eq!(daemon.ctl(&["restart", "math"]).0, 0);
+    let text = scrape(addr);
+    assert_eq!(
+        value(
+            &text,
+            "toolboxd_restarts_total{toolbox=\"math\",reason=\"operator\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[test]
+fn the_endpoint_answers_only_get_metrics_and_bounds_its_connections() {
+    let dir = TempDir::new("metrics-http");
+    dir.write("math.toml", &math_manifest("math"));
+    let (_daemon, addr) = start(&dir);
+    let (status, _) = http(
+        addr,
+        "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+    let (status, _) = http(
+        addr,
+        "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, "HTTP/1.1 405 Method Not Allowed");
+    let (status, _) = http(addr, "NOT HTTP AT ALL\r\n\r\n");
+    assert!(
+        status.is_empty() || status.starts_with("HTTP/1.1 400"),
+        "{status}"
+    );
+
+    // Four silent connections hold every slot: a fifth is closed unserved.
+    let held: Vec<TcpStream> = (0..4)
+        .map(|_| TcpStream::connect(addr).expect("connect"))
+        .collect();
+    // Each held one is served: the daemon answers a scrape on it.
+    let mut first = held[0].try_clone().unwrap();
+    first
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut buf = [0u8; 64];
+    first.set_read_timeout(Some(ANSWER_DEADLINE)).unwrap();
+    let n = first.read(&mut buf).unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    let mut fifth = TcpStream::connect(addr).expect("connect");
+    fifth.set_read_timeout(Some(ANSWER_DEADLINE)).unwrap();
+    fifth
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .ok();
+    let mut rest = Vec::new();
+    let read = fifth.read_to_end(&mut rest);
+    assert!(
+        read.is_err() || rest.is_empty(),
+        "the fifth was served: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+    // Once they go, scrapes are served again.
+    drop(held);
+    drop(first);
+    wait_until(
+        "a scrape after the held connections closed",
+        ANSWER_DEADLINE,
+        || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+            let mut answer = String::new();
+            let _ = s.read_to_string(&mut answer);
+            answer.starts_with("HTTP/1.1 200")
+        },
+    );
+}
