@@ -111,6 +111,13 @@ impl Observer {
         self.audit.is_some() && toolbox.audit_arguments()
     }
 
+    /// Reports a progress message relayed for a call of `tool` in `toolbox`.
+    pub fn progress_relayed(&self, toolbox: &str, tool: &str) {
+        if let Some(metrics) = &self.metrics {
+            metrics.progress_relayed(toolbox, tool);
+        }
+    }
+
     /// Reports a finished call.
     pub fn call_finished(&self, call: &Finished<'_>) {
         if let Some(metrics) = &self.metrics {

@@ -32,6 +32,8 @@ pub struct About<'a> {
     pub toolbox: &'a str,
     /// The tool called.
     pub tool: &'a str,
+    /// Where each message sent is counted (metrics).
+    pub observer: &'a crate::observe::Observer,
 }
 
 /// Where a call's progress goes (to give the call), and where
@@ -84,6 +86,7 @@ fn emit(out: &mpsc::UnboundedSender<String>, about: &About<'_>, progress: Progre
         .request
         .reply(format!("{}{SUFFIX}", about.topic), data);
     let _ = out.send(reply.encode());
+    about.observer.progress_relayed(about.toolbox, about.tool);
 }
 
 #[cfg(test)]
@@ -114,6 +117,7 @@ mod tests {
             topic: "ovos.tools.invoke",
             toolbox: "math",
             tool: "add",
+            observer: &crate::observe::Observer::default(),
         };
         let (sender, reports) = channel();
         let (seen_tx, mut seen) = mpsc::unbounded_channel::<Value>();

@@ -483,6 +483,7 @@ impl Service {
             topic,
             toolbox: id,
             tool: name,
+            observer: &self.observer,
         };
         let (progress, reports) = progress::channel();
         let call = handle.call_with_progress(name, args, arrived.at, &mut cancel, Some(progress));

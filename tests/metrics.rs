@@ -328,3 +328,55 @@ fn the_endpoint_answers_only_get_metrics_and_bounds_its_connections() {
         },
     );
 }
+
+#[tokio::test]
+async fn relayed_progress_and_stop_cancelled_calls_are_counted() {
+    let dir = TempDir::new("metrics-progress");
+    dir.write(
+        "flood.toml",
+        &format!(
+            "id = \"flood\"\ncommand = \"python3\"\nargs = [\"{}\"]\n",
+            repo("tests/fixtures/task_toolbox.py")
+        ),
+    );
+    // Drained for at most a second at the end: its call never ends.
+    dir.write("slow.toml", &faulty("slow", "[limits]\ndrain_timeout_s = 1"));
+    let (daemon, addr) = start(&dir);
+    let mut bus = Bus::connect(&daemon.url).await;
+    let m = common::mark();
+    let r = bus
+        .call_routed(&m, "flood", "flood", json!({"count": 50, "over_s": 0.6}))
+        .await;
+    assert_eq!(r["result"]["content"], "sent 50");
+    let relayed = bus.progress_of(&m).len();
+    assert!(relayed > 0);
+    // A call cancelled by the global stop.
+    let hung = common::mark();
+    bus.send(
+        "ovos.persona.tools.call",
+        json!({"toolbox_id": "slow", "name": "hang", "kwargs": {}}),
+        json!({"mark": hung, "session": {"session_id": "s-stop"}}),
+    )
+    .await;
+    wait_until("the call is on the child", ANSWER_DEADLINE, || {
+        daemon.status("slow")["in_flight"] == 1
+    });
+    bus.send(
+        "mycroft.stop",
+        json!({}),
+        json!({"session": {"session_id": "s-stop"}}),
+    )
+    .await;
+    let answers = bus
+        .expect_answers("ovos.persona.tools.call.response", &hung, 1)
+        .await;
+    assert_eq!(
+        answers[0]["data"]["error"],
+        "CancelledError: call cancelled by stop"
+    );
+
+    let text = scrape(addr);
+    let series = "toolboxd_progress_messages_total{toolbox=\"flood\",tool=\"flood\"}";
+    assert_eq!(value(&text, series), Some(relayed as f64), "{text}");
+    assert_eq!(calls(&text, "slow", "hang", "cancelled"), 1.0, "{text}");
+}

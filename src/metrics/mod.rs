@@ -64,6 +64,8 @@ struct ToolSeries {
     calls: [Counter; Outcome::ALL.len()],
     /// `toolboxd_call_duration_seconds`.
     duration: Histogram,
+    /// `toolboxd_progress_messages_total`.
+    progress: Counter,
 }
 
 /// The series of every (toolbox, tool) pair called so far.
@@ -83,6 +85,8 @@ pub struct Metrics {
     calls: Family<CallLabels, Counter>,
     /// `toolboxd_call_duration_seconds{toolbox,tool}`.
     durations: Family<ToolLabels, Histogram, fn() -> Histogram>,
+    /// `toolboxd_progress_messages_total{toolbox,tool}`.
+    progress: Family<ToolLabels, Counter>,
     /// The call path's handles into the families.
     series: RwLock<SeriesTable>,
     /// `toolboxd_audit_dropped_lines_total`.
@@ -101,6 +105,12 @@ impl Metrics {
         let durations: Family<ToolLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(|| Histogram::new(DURATION_BUCKETS));
         let audit_dropped = Counter::default();
+        let progress = Family::<ToolLabels, Counter>::default();
+        registry.register(
+            "toolboxd_progress_messages",
+            "Progress messages relayed from children to callers, by toolbox and tool",
+            progress.clone(),
+        );
         registry.register(
             "toolboxd_calls",
             "Calls answered, by toolbox, tool and outcome",
@@ -121,6 +131,7 @@ impl Metrics {
             registry,
             calls,
             durations,
+            progress,
             series: RwLock::new(SeriesTable::default()),
             audit_dropped,
         }
@@ -133,6 +144,11 @@ impl Metrics {
             series.calls[i].inc();
         }
         series.duration.observe(took.as_secs_f64());
+    }
+
+    /// Counts a progress message relayed for a call of `tool` in `toolbox`.
+    pub fn progress_relayed(&self, toolbox: &str, tool: &str) {
+        self.series_of(toolbox, tool).progress.inc();
     }
 
     /// Counts an audit line that was dropped.
@@ -177,11 +193,17 @@ impl Metrics {
                 outcome,
             })
         });
-        let duration = self.durations.get_or_create_owned(&ToolLabels {
+        let labels = ToolLabels {
             toolbox: toolbox.clone(),
             tool: tool.clone(),
-        });
-        ToolSeries { calls, duration }
+        };
+        let duration = self.durations.get_or_create_owned(&labels);
+        let progress = self.progress.get_or_create_owned(&labels);
+        ToolSeries {
+            calls,
+            duration,
+            progress,
+        }
     }
 
     /// Every metric in the Prometheus text format (version 0.0.4).
