@@ -340,7 +340,10 @@ async fn relayed_progress_and_stop_cancelled_calls_are_counted() {
         ),
     );
     // Drained for at most a second at the end: its call never ends.
-    dir.write("slow.toml", &faulty("slow", "[limits]\ndrain_timeout_s = 1"));
+    dir.write(
+        "slow.toml",
+        &faulty("slow", "[limits]\ndrain_timeout_s = 1"),
+    );
     let (daemon, addr) = start(&dir);
     let mut bus = Bus::connect(&daemon.url).await;
     let m = common::mark();
