@@ -1795,6 +1795,48 @@ async fn bench(b: &mut Bench) {
         Target::at_most(1.2, "≤ 1.2×"),
     );
 
+    // 6 (compiled): start -> every tool listed, 1 and 20 compiled toolboxes,
+    // against the compiled child's own start: what the daemon adds, in ms.
+    let own = median(
+        (0..STARTS)
+            .map(|_| child_startup(&compiled.command.display().to_string(), &[], &manifests).0)
+            .collect(),
+    )
+    .unwrap_or_default();
+    for count in [1usize, 20] {
+        let dir = tempdir(&format!("startup-compiled-{count}"));
+        for i in 0..count {
+            compiled.manifest(&dir, &format!("c{i}"), "");
+        }
+        let mut starts = Vec::new();
+        for _ in 0..STARTS {
+            let started = Instant::now();
+            let d = daemon(&bus.url, &dir);
+            let what = format!("6: {count} compiled toolboxes");
+            if let Some((_, first)) = b.listed(&what, &bus.url, count * compiled.tools).await {
+                starts.push(first - started);
+            }
+            drop(d);
+        }
+        let to_list = median(starts.clone()).filter(|_| starts.len() == STARTS);
+        let added = to_list.map(|t| ms(t) - ms(own));
+        b.row(
+            &format!("6-start-compiled-{count}"),
+            &format!(
+                "start → every tool listed, {count} compiled toolbox{}: what the daemon adds to the child's own start, in ms (medians of {STARTS})",
+                if count == 1 { "" } else { "es" }
+            ),
+            added,
+            format!(
+                "{} ms ({} ms vs the child's own {:.1} ms)",
+                added.map_or("n/a".into(), |a| format!("+{a:.0}")),
+                to_list.map_or("n/a".into(), |t| format!("{:.0}", ms(t))),
+                ms(own)
+            ),
+            Target::at_most(20.0, "≤ +20 ms"),
+        );
+    }
+
     // 7: 200 toolboxes x 10 tools vs 2 x 10: list round trip and memory.
     let mut s7 = Vec::new();
     for count in [2usize, 200] {
