@@ -45,10 +45,11 @@ fn key(manifest: &Manifest) -> Value {
             files.push(stamp(&path));
         }
     }
+    // Paths as text, lossily: a path need not be UTF-8, and a JSON string must.
     json!({
-        "program": manifest.program,
+        "program": manifest.program.to_string_lossy(),
         "args": manifest.args,
-        "cwd": manifest.cwd,
+        "cwd": manifest.cwd.to_string_lossy(),
         "env": manifest.env,
         "env_clear": manifest.env_clear,
         "protocol": manifest.protocol,
@@ -60,20 +61,19 @@ fn key(manifest: &Manifest) -> Value {
 /// alone when it cannot be read.
 fn stamp(path: &Path) -> Value {
     use std::os::unix::fs::MetadataExt;
+    let name = path.to_string_lossy();
     match std::fs::metadata(path) {
-        Ok(m) => json!([path, m.len(), m.mtime(), m.mtime_nsec()]),
-        Err(_) => json!([path]),
+        Ok(m) => json!([name, m.len(), m.mtime(), m.mtime_nsec()]),
+        Err(_) => json!([name]),
     }
 }
 
-/// The cached tool list of `manifest`'s toolbox, if one holds.
+/// The cached tool list of `manifest`'s toolbox, if one holds. Only a
+/// regular file of bounded size is read (never a FIFO left at the path).
 pub fn load(manifest: &Manifest) -> Option<Cached> {
     let path = path_of(&manifest.id)?;
-    let file = std::fs::File::open(&path).ok()?;
-    if file.metadata().ok()?.len() > MAX_FILE_BYTES {
-        return None;
-    }
-    let entry: Value = serde_json::from_reader(std::io::BufReader::new(file)).ok()?;
+    let text = crate::files::read_small_regular(&path, MAX_FILE_BYTES).ok()?;
+    let entry: Value = serde_json::from_str(&text).ok()?;
     if entry.get("key")? != &key(manifest) {
         return None;
     }
@@ -83,9 +83,21 @@ pub fn load(manifest: &Manifest) -> Option<Cached> {
     Some(Cached { version, tools })
 }
 
-/// Caches `manifest`'s tool list, listed by a child that spoke `version`.
-/// A failure is logged: the toolbox then is probed again at its next start.
+/// Caches `manifest`'s tool list, listed by a child that spoke `version`, on
+/// a blocking thread when called on the runtime (a tool list may be
+/// megabytes). A failure is logged: the toolbox then is probed again at its
+/// next start.
 pub fn store(manifest: &Manifest, version: &str, tools: &[ToolSpec]) {
+    let (manifest, version, tools) = (manifest.clone(), version.to_owned(), tools.to_vec());
+    let write = move || write(&manifest, &version, &tools);
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(write)),
+        Err(_) => write(),
+    }
+}
+
+/// [`store`], here and now (for `check --probe`, which exits next).
+pub fn write(manifest: &Manifest, version: &str, tools: &[ToolSpec]) {
     let Some(path) = path_of(&manifest.id) else {
         return;
     };
@@ -98,7 +110,17 @@ pub fn store(manifest: &Manifest, version: &str, tools: &[ToolSpec]) {
         let dir = path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir)?;
         let partial = dir.join(format!(".{}.{}.partial", manifest.id, std::process::id()));
-        std::fs::write(&partial, entry.to_string())?;
+        // The daemon's own: its environment values are in the key.
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&partial)?;
+        file.write_all(entry.to_string().as_bytes())?;
+        drop(file);
         std::fs::rename(&partial, &path)
     })();
     if let Err(e) = written {

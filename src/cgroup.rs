@@ -159,7 +159,7 @@ fn become_leaf(own_dir: &Path) {
     // Only when alone: never move out of a cgroup others share.
     let alone = read("cgroup.procs").split_whitespace().collect::<Vec<_>>()
         == [std::process::id().to_string()];
-    if missing.is_empty() || !alone {
+    if missing.is_empty() || !alone || !delegated(own_dir) {
         return;
     }
     let leaf = own_dir.join("daemon");
@@ -185,6 +185,21 @@ fn become_leaf(own_dir: &Path) {
             );
         }
     }
+}
+
+/// Whether the cgroup at `dir` was delegated to this process: systemd marks
+/// a `Delegate=` unit's cgroup with a `trusted.delegate` (or, for a user
+/// manager, `user.delegate`) extended attribute.
+fn delegated(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    [c"trusted.delegate", c"user.delegate"].iter().any(|name| {
+        // SAFETY: two valid C strings; a null buffer of size 0 asks only
+        // whether the attribute is there (its size).
+        unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) >= 0 }
+    })
 }
 
 /// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`

@@ -77,7 +77,7 @@ async fn probe_one(m: &Manifest) -> Result<String, Vec<String>> {
     if m.start.on_demand() {
         // What the daemon lists a lazy or idle toolbox from.
         let version = launched.session.era().version();
-        crate::catalog_cache::store(m, version, &launched.specs);
+        crate::catalog_cache::write(m, version, &launched.specs);
     }
     let names: Vec<&str> = launched.tools.iter().map(|t| t.name.as_str()).collect();
     Ok(format!(

@@ -39,6 +39,13 @@ pub const RECHECK_DELAY: Duration = Duration::from_secs(1);
 pub const RECHECK_GAP: Duration = Duration::from_secs(5);
 /// Most other daemons remembered (forgotten all at once past it).
 const MAX_KNOWN_HOSTS: usize = 256;
+/// Most toolbox ids one probe collects: whatever clients answer, a probe
+/// holds a bounded map.
+const MAX_CLAIMS: usize = 4096;
+/// Longest daemon mark taken as one (`toolboxd-<pid>-<nanos>` is shorter).
+const MAX_HOST_BYTES: usize = 64;
+/// Longest toolbox id a claim may name.
+const MAX_ID_BYTES: usize = 256;
 
 /// Whose discovery a `ovos.persona.tools.discover` request is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,23 +69,14 @@ pub struct Peers {
     /// When this daemon started (nanoseconds since the epoch, as in
     /// `instance`): of two daemons, the later starter yields.
     started: u128,
-    /// Where a running probe's answers go; `None` between probes.
-    collecting: Mutex<Option<mpsc::UnboundedSender<Claim>>>,
+    /// A running probe's claims so far (id → lists tools, by an older
+    /// host); `None` between probes.
+    collecting: Mutex<Option<BTreeMap<String, (bool, bool)>>>,
     /// Other daemons heard of (by their probes or their answers): a probe
     /// from one not among them asks for a check of our own.
     known: Mutex<BTreeSet<String>>,
     /// Rung when a daemon not heard of before probes: time to check again.
     newcomer: tokio::sync::Notify,
-}
-
-/// One answer to our probe: another host answers for `id`.
-struct Claim {
-    /// The toolbox id.
-    id: String,
-    /// The answer lists tools (the host really serves it).
-    lists_tools: bool,
-    /// The host started before us, or is not a toolboxd that says when.
-    older: bool,
 }
 
 /// What a check found.
@@ -134,8 +132,7 @@ impl Peers {
     /// listed tools and came from a host older than us: asks every host and
     /// collects the answers for the window.
     async fn probe(&self) -> BTreeMap<String, (bool, bool)> {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        *self.collecting.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        *self.collecting.lock().unwrap_or_else(|e| e.into_inner()) = Some(BTreeMap::new());
         let mut probe = Message::new(DISCOVER, Object::new());
         probe
             .context
@@ -145,18 +142,26 @@ impl Peers {
             .insert(PROBE_KEY.to_owned(), Value::String(self.instance.clone()));
         let _ = self.out.send(probe.encode());
         tokio::time::sleep(self.window).await;
-        *self.collecting.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        let mut claims = BTreeMap::new();
-        while let Ok(claim) = rx.try_recv() {
-            let (lists, older) = claims.entry(claim.id).or_insert((false, false));
-            // One host that both serves the id and is older is enough.
-            if claim.lists_tools && claim.older {
-                (*lists, *older) = (true, true);
-            } else if !(*lists && *older) {
-                *lists |= claim.lists_tools;
-            }
-        }
-        claims
+        self.collecting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default()
+    }
+
+    /// A daemon's mark, if `mark` is one (`toolboxd-<pid>-<nanos>`): anything
+    /// else a client sends is not taken as a daemon.
+    fn host_mark(mark: Option<&Value>) -> Option<&str> {
+        let mark = mark?.as_str()?;
+        let mut parts = mark.strip_prefix("toolboxd-")?.split('-');
+        let digits = |p: Option<&str>| {
+            p.is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        };
+        (mark.len() <= MAX_HOST_BYTES
+            && digits(parts.next())
+            && digits(parts.next())
+            && parts.next().is_none())
+        .then_some(mark)
     }
 
     /// Whether a daemon named `host` (an instance mark) started before us; a
@@ -187,7 +192,7 @@ impl Peers {
     /// Another daemon's probe arrived: if it is one not heard of before,
     /// ask for a check of our own (see [`Peers::newcomer`]).
     pub fn probed_by(&self, request: &Message) {
-        if let Some(host) = request.context.get(PROBE_KEY).and_then(Value::as_str) {
+        if let Some(host) = Self::host_mark(request.context.get(PROBE_KEY)) {
             if self.meet(host) {
                 self.newcomer.notify_one();
             }
@@ -211,32 +216,47 @@ impl Peers {
     /// A discover response seen on the bus: while a probe runs, note the id
     /// another host answers for, if the answer is to our probe.
     pub fn note(&self, frame: &str) {
-        let collecting = self.collecting.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(tx) = collecting.as_ref() else {
+        if self
+            .collecting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+        {
             return;
-        };
+        }
         let Ok(answer) = Message::decode(frame) else {
             return;
         };
         if self.asker(&answer) != Asker::Us {
             return;
         }
-        if let Some(id) = answer.data.get("toolbox_id").and_then(Value::as_str) {
-            let lists_tools = answer
-                .data
-                .get("tools")
-                .and_then(Value::as_array)
-                .is_some_and(|tools| !tools.is_empty());
-            let host = answer.context.get(HOST_KEY).and_then(Value::as_str);
-            if let Some(host) = host {
-                // Heard of: its own probe then asks for no check of ours.
-                self.meet(host);
-            }
-            let _ = tx.send(Claim {
-                id: id.to_owned(),
-                lists_tools,
-                older: self.is_older(host),
-            });
+        let Some(id) = answer.data.get("toolbox_id").and_then(Value::as_str) else {
+            return;
+        };
+        if !crate::manifest::valid_id(id) || id.len() > MAX_ID_BYTES {
+            return;
+        }
+        let lists_tools = answer
+            .data
+            .get("tools")
+            .and_then(Value::as_array)
+            .is_some_and(|tools| !tools.is_empty());
+        // An older host's claim: one that started before us, or one that
+        // does not say (a Python service).
+        let older = self.is_older(Self::host_mark(answer.context.get(HOST_KEY)));
+        let mut collecting = self.collecting.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(claims) = collecting.as_mut() else {
+            return;
+        };
+        if claims.len() >= MAX_CLAIMS && !claims.contains_key(id) {
+            return;
+        }
+        let (lists, by_older) = claims.entry(id.to_owned()).or_insert((false, false));
+        // One host that both serves the id and is older is enough.
+        if lists_tools && older {
+            (*lists, *by_older) = (true, true);
+        } else if !(*lists && *by_older) {
+            *lists |= lists_tools;
         }
     }
 
@@ -311,5 +331,29 @@ mod tests {
         peers.probed_by(&probe);
         let asked = futures_util::FutureExt::now_or_never(peers.newcomer());
         assert!(asked.is_none(), "a daemon heard of before does not");
+    }
+}
+
+#[cfg(test)]
+mod marks {
+    use super::*;
+
+    #[test]
+    fn only_a_daemons_mark_is_taken_as_one() {
+        let mark =
+            |s: &str| Peers::host_mark(Some(&Value::String(s.to_owned()))).map(str::to_owned);
+        assert_eq!(mark("toolboxd-12-345").as_deref(), Some("toolboxd-12-345"));
+        for bad in [
+            "toolboxd-12",
+            "toolboxd-12-34-5",
+            "toolboxd--5",
+            "toolboxd-1a-5",
+            "python-1-2",
+            &format!("toolboxd-1-{}", "9".repeat(80)),
+        ] {
+            assert_eq!(mark(bad), None, "{bad}");
+        }
+        assert_eq!(Peers::host_mark(Some(&Value::from(7))), None);
+        assert_eq!(Peers::host_mark(None), None);
     }
 }

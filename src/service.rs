@@ -316,6 +316,11 @@ impl Service {
     /// The global stop: cancels the calls in flight of the stop's session,
     /// or of every session when it names none. Nothing is answered.
     fn stop(&self, request: &Message) {
+        // A stop whose session cannot be read cancels nothing: only one that
+        // names no session at all is for every session.
+        if request.context.contains_key("session") && session_of(request).is_none() {
+            return;
+        }
         let session = session_of(request);
         let cancelled = self.in_flight.stop(session);
         if cancelled > 0 {

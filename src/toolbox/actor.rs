@@ -31,6 +31,8 @@ const SHORTAGE_RETRY: Duration = Duration::from_secs(1);
 /// says `list_changed` without end (even while it is being listed) costs one
 /// listing a second, not a core.
 const REFRESH_GAP: Duration = Duration::from_secs(1);
+/// Least time between two looks at whether a child is idle.
+const IDLE_GRACE: Duration = Duration::from_millis(100);
 
 type Reply = oneshot::Sender<Outcome>;
 
@@ -292,7 +294,14 @@ impl Actor {
             return Mode::Serving(running);
         };
         let serving = &running.serving;
-        if serving.busy() || serving.last_active().elapsed() < limit {
+        // Calls waiting for a slot (woken by this child, not yet on it)
+        // keep it too.
+        let waiting = self
+            .stats
+            .in_flight
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0;
+        if serving.busy() || waiting || serving.last_active().elapsed() < limit {
             return Mode::Serving(running);
         }
         // A wake rung before now came from a caller that found the last
@@ -383,8 +392,11 @@ impl Actor {
                     if serving.busy() {
                         settled.await;
                     } else {
-                        let due = tokio::time::Instant::from_std(serving.last_active() + limit);
-                        tokio::time::sleep_until(due).await;
+                        // Not sooner than IDLE_GRACE from now: a call on its
+                        // way to a slot keeps the child, and is looked at
+                        // again then, not in a loop.
+                        let due = (serving.last_active() + limit).max(Instant::now() + IDLE_GRACE);
+                        tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
                     }
                 }
             }),

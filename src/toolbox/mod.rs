@@ -669,6 +669,11 @@ impl ToolboxHandle {
                 }
             }
             if let Some(serving) = best {
+                // Every slot of the best child taken: another instance that
+                // went idle is started too, for the calls that follow.
+                if let (Some(i), 0) = (idle, serving.permits.available_permits()) {
+                    self.replicas[i].wake.notify_one();
+                }
                 return Ok(serving);
             }
             if let (Some(i), false) = (idle, waiting) {
