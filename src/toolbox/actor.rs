@@ -355,8 +355,12 @@ impl Actor {
     fn list_from_cache(&mut self) -> Option<Mode> {
         let cached = crate::catalog_cache::load(&self.manifest)?;
         let (tools, rejected) = ToolSet::compile(&self.manifest.id, cached.tools.clone());
-        if !rejected.is_empty() || tools.fits_on_the_bus().is_err() {
+        if tools.fits_on_the_bus().is_err() {
             return None;
+        }
+        // Left out as when the child listed them (and said then).
+        for problem in rejected {
+            tracing::debug!(toolbox = self.id(), "cached tool left out: {problem}");
         }
         tracing::info!(
             toolbox = self.id(),
