@@ -14,14 +14,14 @@ use tokio::sync::mpsc;
 
 use crate::answers;
 use crate::bus::envelope::{Message, Object};
-use crate::cancel::InFlight;
+use crate::cancel::{Cancel, InFlight};
 use crate::manifest::valid_id;
 use crate::object;
 use crate::observe::{Finished, Observer, Outcome};
 use crate::operator::{self, Operation, Operators};
 use crate::peers::{Asker, Peers};
 use crate::progress;
-use crate::registry::{Catalog, Registry, Resolved};
+use crate::registry::{Registry, Resolved};
 use crate::throttle::LogBudget;
 use crate::tool::Tool;
 use crate::toolbox::{State, ToolboxHandle};
@@ -294,20 +294,33 @@ impl Service {
     }
 
     async fn handle(&self, topic: Topic, request: Message, arrived: Arrival) {
+        // A call is the global stop's to cancel from its arrival on: while
+        // it waits for a first start, is validated, or runs.
+        let calls = matches!(
+            topic,
+            Topic::PersonaCall | Topic::Predecessor(_) | Topic::Invoke
+        );
+        let (mut cancel, _in_flight) = if calls {
+            let (cancel, place) = self.in_flight.register(session_of(&request));
+            (cancel, Some(place))
+        } else {
+            (Cancel::never(), None)
+        };
+        let cancel = &mut cancel;
         match topic {
             Topic::Discover => self.discover(&request).await,
             Topic::PersonaCall => {
                 if let Some(id) = request.data.get("toolbox_id").and_then(Value::as_str) {
                     let id = id.to_owned();
-                    self.persona_call(&request, &id, arrived).await;
+                    self.persona_call(&request, &id, arrived, cancel).await;
                 }
             }
-            Topic::Predecessor(id) => self.persona_call(&request, &id, arrived).await,
+            Topic::Predecessor(id) => self.persona_call(&request, &id, arrived, cancel).await,
             Topic::List => {
                 self.respond_with_tools(&request, Object::new());
             }
             Topic::Get => self.get(&request),
-            Topic::Invoke => self.invoke(&request, arrived).await,
+            Topic::Invoke => self.invoke(&request, arrived, cancel).await,
             Topic::Reload => self.reload(&request).await,
             Topic::Stop => self.stop(&request),
         }
@@ -369,7 +382,13 @@ impl Service {
     }
 
     /// `ovos.persona.tools.call` and its predecessor: silent unless we host `id`.
-    async fn persona_call(&self, request: &Message, id: &str, arrived: Arrival) {
+    async fn persona_call(
+        &self,
+        request: &Message,
+        id: &str,
+        arrived: Arrival,
+        cancel: &mut Cancel,
+    ) {
         let catalog = self.registry.snapshot();
         if !catalog.toolbox(id).is_some_and(|e| e.is_hosted()) {
             return;
@@ -378,8 +397,7 @@ impl Service {
             None | Some("") => Err(answers::MISSING_NAME.to_owned()),
             Some(name) => {
                 let args = arguments(request, "kwargs");
-                self.call_in(request, catalog, id, name, args, arrived)
-                    .await
+                self.call_in(request, id, name, args, arrived, cancel).await
             }
         };
         self.respond(request, answer_data("toolbox_id", id, answer));
@@ -391,12 +409,13 @@ impl Service {
     async fn call_in(
         &self,
         request: &Message,
-        mut catalog: Arc<Catalog>,
         id: &str,
         name: &str,
         args: Value,
         arrived: Arrival,
+        cancel: &mut Cancel,
     ) -> Result<Value, String> {
+        let mut catalog = self.registry.snapshot();
         for attempt in 0..2 {
             let Some(entry) = catalog.toolbox(id) else {
                 return Err(answers::call_error(
@@ -409,13 +428,21 @@ impl Service {
                 return Err(answers::failed(id, reason));
             }
             match entry.tools.get(name) {
-                Some(tool) => return self.run(request, &entry.handle, tool, args, arrived).await,
+                Some(tool) => {
+                    return self
+                        .run(request, &entry.handle, tool, args, arrived, cancel)
+                        .await
+                }
                 None if attempt == 0
                     && entry.state == State::Starting
                     && entry.tools.is_empty() =>
                 {
                     let limit = entry.handle.deadline_of(name);
-                    if !entry.handle.wait_started(arrived.at + limit).await {
+                    let started = tokio::select! {
+                        started = entry.handle.wait_started(arrived.at + limit) => started,
+                        () = cancel.fired() => return Err(answers::CANCELLED_BY_STOP.to_owned()),
+                    };
+                    if !started {
                         let timeout = crate::toolbox::CallError::Timeout(limit);
                         return Err(answers::call_error(&timeout, name, id));
                     }
@@ -436,9 +463,12 @@ impl Service {
         tool: &Arc<Tool>,
         args: Value,
         arrived: Arrival,
+        cancel: &mut Cancel,
     ) -> Result<Value, String> {
         let audited = self.observer.wants_arguments(handle).then(|| args.clone());
-        let (answer, outcome) = self.attempt(request, handle, tool, args, arrived).await;
+        let (answer, outcome) = self
+            .attempt(request, handle, tool, args, arrived, cancel)
+            .await;
         let took = arrived.at.elapsed();
         if outcome != Outcome::Invalid {
             handle.stats().record_call(answer.is_ok(), took);
@@ -466,6 +496,7 @@ impl Service {
         tool: &Arc<Tool>,
         args: Value,
         arrived: Arrival,
+        cancel: &mut Cancel,
     ) -> (Result<Value, String>, Outcome) {
         let (name, id) = (tool.name.as_str(), handle.id());
         let args = match check_arguments(handle, tool, args, arrived).await {
@@ -475,7 +506,6 @@ impl Service {
                 return (Err(error), Outcome::Invalid);
             }
         };
-        let (mut cancel, _in_flight) = self.in_flight.register(session_of(request));
         // Progress reports on the call topic: the persona one for the
         // predecessor topic too.
         let topic = if request.msg_type == INVOKE {
@@ -491,7 +521,7 @@ impl Service {
             observer: &self.observer,
         };
         let (progress, reports) = progress::channel();
-        let call = handle.call_with_progress(name, args, arrived.at, &mut cancel, Some(progress));
+        let call = handle.call_with_progress(name, args, arrived.at, cancel, Some(progress));
         match progress::relayed(&self.out, about, reports, call).await {
             Ok(raw) => {
                 let answer =
@@ -526,7 +556,7 @@ impl Service {
         self.respond(request, data);
     }
 
-    async fn invoke(&self, request: &Message, arrived: Arrival) {
+    async fn invoke(&self, request: &Message, arrived: Arrival, cancel: &mut Cancel) {
         let Some(name) = request
             .data
             .get("name")
@@ -543,7 +573,8 @@ impl Service {
         let answer = match catalog.resolve(name) {
             Resolved::One(entry, tool) => {
                 let args = arguments(request, "args");
-                self.run(request, &entry.handle, tool, args, arrived).await
+                self.run(request, &entry.handle, tool, args, arrived, cancel)
+                    .await
             }
             Resolved::Unknown => Err(answers::unknown_tool(name)),
             Resolved::Ambiguous(ids) => Err(answers::ambiguous(name, ids)),

@@ -79,6 +79,31 @@ async fn the_global_stop_cancels_its_sessions_calls_and_not_anothers() {
     assert_eq!(r["result"]["result"], 3, "{r}");
 }
 
+#[tokio::test]
+async fn the_global_stop_reaches_a_call_still_waiting_for_a_first_start() {
+    let dir = TempDir::new("stop-starting");
+    dir.write(
+        "fixture.toml",
+        &fixture_manifest("fixture", "env = { START_DELAY_S = \"8\" }"),
+    );
+    let (mut bus_process, port) = start_bus(0);
+    let url = format!("ws://127.0.0.1:{port}/core");
+    let args = ["--manifests", dir.path().to_str().unwrap(), "--bus", &url];
+    // Taking calls while the toolbox is still starting.
+    let daemon = Daemon::start_until(&args, &[], "taking calls");
+    let mut bus = Bus::connect(&url).await;
+    let waiting = slow_call(&mut bus, "kitchen", 0.1).await;
+    // (ctl status would wait for the first starts; the bus keeps order, and
+    // the daemon handles the call before the stop that follows it.)
+    bus.send("mycroft.stop", json!({}), in_session(&mark(), "kitchen"))
+        .await;
+    let stopped = answer(&mut bus, &waiting, Duration::from_secs(4)).await;
+    assert_eq!(stopped["error"], "CancelledError: call cancelled by stop");
+    drop(daemon);
+    bus_process.kill().unwrap();
+    bus_process.wait().unwrap();
+}
+
 /// A toolbox script in `dir` with one tool per name, each answering
 /// `{"tool": name}`; `lazy.toml` runs it with `start` as its `[start]` table.
 fn lazy_toolbox(dir: &TempDir, tools: &[&str], start: &str) {
