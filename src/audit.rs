@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::observe::Finished;
-use crate::throttle::LogBudget;
+use crate::throttle::{cut, LogBudget};
 
 /// Lines that may wait for the writer.
 const MAX_QUEUED_LINES: usize = 10_000;
@@ -344,18 +344,6 @@ fn encode(call: &Finished<'_>) -> String {
     line.result = None;
     line.truncated = true;
     serde_json::to_string(&line).unwrap_or_default()
-}
-
-/// `text` cut to at most `max` bytes, at a character boundary.
-fn cut(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 #[cfg(test)]

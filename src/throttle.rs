@@ -43,6 +43,19 @@ impl LogBudget {
     }
 }
 
+/// `text` cut to at most `max` bytes, at a character boundary (a line kept
+/// for an operator within a byte bound).
+pub fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// `text` with its control characters escaped (`\n`, `\u{1b}`), so that
 /// it is one log line and cannot move a terminal's cursor.
 pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {

@@ -18,7 +18,9 @@ use serde_json::{json, Map, Value};
 
 use toolboxd::bus::envelope::{DecodeError, Message, Object};
 use toolboxd::control::{decode_request, request_line};
-use toolboxd::manifest::{valid_id, Limits, Manifest, Restart, RestartPolicy, KNOB_RANGES};
+use toolboxd::manifest::{
+    knob_values, valid_id, Limits, Manifest, Restart, RestartPolicy, KNOB_RANGES,
+};
 use toolboxd::mcp::{
     notification_line, parse_line, parse_tools_page, request_line as mcp_request_line,
     response_line, FrameError, Incoming, RpcError,
@@ -994,27 +996,6 @@ fn arb_spec() -> impl Strategy<Value = Spec> {
 /// The default of knob `i` of KNOB_RANGES.
 fn default_knob(i: usize) -> u64 {
     knob_values(&Restart::default(), &Limits::default())[i]
-}
-
-/// Every knob's value, in the order of KNOB_RANGES.
-fn knob_values(restart: &Restart, limits: &Limits) -> [u64; 15] {
-    [
-        limits.call_timeout_s,
-        limits.max_concurrent_calls as u64,
-        limits.max_queued_calls as u64,
-        limits.max_argument_bytes as u64,
-        limits.probe_interval_s,
-        limits.probe_timeout_s,
-        limits.drain_timeout_s,
-        limits.max_message_bytes as u64,
-        u64::from(limits.max_timeouts_in_a_row),
-        restart.backoff_initial_ms,
-        restart.backoff_max_ms,
-        u64::from(restart.max_restarts),
-        restart.window_s,
-        restart.stable_after_s,
-        restart.failed_retry_s,
-    ]
 }
 
 impl Spec {

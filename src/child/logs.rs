@@ -10,6 +10,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
+use crate::throttle::cut;
+
 /// `notifications/message` logged per second per child; the rest are counted.
 pub(super) const MESSAGES_PER_SECOND: u32 = 100;
 
@@ -128,18 +130,6 @@ impl StderrLog {
         tail.reverse();
         tail
     }
-}
-
-/// `text` cut to at most `max` bytes, at a character boundary.
-fn cut(text: &str, max: usize) -> &str {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// Forwards stderr lines to the log, tagged with the toolbox and pid, at most

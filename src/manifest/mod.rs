@@ -417,8 +417,9 @@ pub const KNOB_RANGES: [(&str, u64, u64); 15] = [
     ("failed_retry_s", 0, 604_800),
 ];
 
-fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, String)> {
-    let values: [u64; 15] = [
+/// Every numeric knob's value, in the order of [`KNOB_RANGES`].
+pub fn knob_values(restart: &Restart, limits: &Limits) -> [u64; 15] {
+    [
         limits.call_timeout_s,
         limits.max_concurrent_calls as u64,
         limits.max_queued_calls as u64,
@@ -434,7 +435,11 @@ fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, 
         restart.window_s,
         restart.stable_after_s,
         restart.failed_retry_s,
-    ];
+    ]
+}
+
+fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, String)> {
+    let values = knob_values(restart, limits);
     for (&(key, min, max), value) in KNOB_RANGES.iter().zip(values) {
         if !(min..=max).contains(&value) {
             return Err((
