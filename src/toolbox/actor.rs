@@ -22,6 +22,11 @@ use crate::mcp::ToolSpec;
 use crate::tool::ToolSet;
 use crate::wait::or_never;
 
+mod mode;
+mod on_demand;
+
+use mode::{Event, Mode, View};
+
 /// Liveness probes missed in a row before the child is killed.
 const MAX_MISSED_PROBES: u32 = 3;
 /// How soon a child that could not be spawned for want of descriptors,
@@ -42,80 +47,6 @@ pub(super) struct Outbox {
     pub(super) slot: watch::Sender<Slot>,
     /// Call deadlines and bounds (one sender shared by the replicas).
     pub(super) limits: Arc<watch::Sender<Arc<CallLimits>>>,
-}
-
-/// What the actor is doing between events. The state status shows and the
-/// slot calls look for are both derived from it ([`Mode::view`], [`Actor::show`]).
-enum Mode {
-    /// A child serves calls.
-    Serving(Running),
-    /// The child went down; the next start is due at `until`.
-    Backoff {
-        /// When to start again.
-        until: tokio::time::Instant,
-        /// How the child ended, for status.
-        last_exit: String,
-    },
-    /// Failed: calls fail at once; started again by an operator, or at `retry`.
-    Failed {
-        /// Why, for status and callers.
-        reason: String,
-        /// When the failed cool-down ends (`None`: the policy never restarts).
-        retry: Option<tokio::time::Instant>,
-    },
-    /// Stopped by an operator or by `enabled = false`.
-    Stopped,
-    /// No child until a call or a prewarm topic asks for one (`[start]`).
-    Idle,
-}
-
-/// What callers and status are shown: a [`Mode`], or `Starting` while a child
-/// launches from stopped or failed.
-#[derive(Clone, Copy)]
-enum View<'a> {
-    Starting,
-    Serving(&'a Arc<Serving>),
-    Idle,
-    /// A child starts for an idle toolbox: still listed (as `idle`), and
-    /// callers wait for the child.
-    Waking,
-    Restarting(&'a str),
-    Failed(&'a str),
-    Stopped,
-}
-
-impl Mode {
-    fn view(&self) -> View<'_> {
-        match self {
-            Mode::Serving(running) => View::Serving(&running.serving),
-            Mode::Backoff { last_exit, .. } => View::Restarting(last_exit),
-            Mode::Failed { reason, .. } => View::Failed(reason),
-            Mode::Stopped => View::Stopped,
-            Mode::Idle => View::Idle,
-        }
-    }
-}
-
-/// Something the actor acts on: the one input of its loop.
-enum Event {
-    /// An operator or the registry asks (`None`: every handle is gone).
-    Command(Option<Command>),
-    /// The serving child exited.
-    Exited(ExitInfo),
-    /// The serving child let too many calls in a row run past their deadline.
-    Wedged,
-    /// The serving child said something its owner acts on.
-    Child(ChildEvent),
-    /// Time for the serving child's liveness probe.
-    Probe,
-    /// Time for a tool-list refresh the child asked for earlier.
-    RefreshDue,
-    /// The backoff delay or the failed cool-down is over.
-    Timer,
-    /// A caller or a prewarm topic asks an idle toolbox for a child.
-    Wake,
-    /// The serving child may have been idle for `idle_stop_s`.
-    IdleCheck,
 }
 
 pub(super) struct Actor {
@@ -285,94 +216,6 @@ impl Actor {
                 },
             };
         }
-    }
-
-    /// Stops the serving child if no call has used it for its idle limit;
-    /// the toolbox stays listed, as `idle`.
-    async fn idle_check(&mut self, mut running: Running) -> Mode {
-        let Some(limit) = running.idle_stop else {
-            return Mode::Serving(running);
-        };
-        let serving = &running.serving;
-        // Calls waiting for a slot (woken by this child, not yet on it)
-        // keep it too.
-        let waiting = self
-            .stats
-            .in_flight
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > 0;
-        if serving.busy() || waiting || serving.last_active().elapsed() < limit {
-            return Mode::Serving(running);
-        }
-        // A wake rung before now came from a caller that found the last
-        // child idle, and was answered by this one: forget it. (Callers
-        // ring only once they see the slot idle, which is published next.)
-        let _ = futures_util::FutureExt::now_or_never(self.wake.notified());
-        running.idle_stop = None;
-        let pid = running.child.pid();
-        tracing::info!(
-            toolbox = self.id(),
-            pid,
-            idle_s = limit.as_secs(),
-            "no call for idle_stop_s; stopping the child (the next call starts one)"
-        );
-        self.show(View::Idle, None);
-        drain_and_stop(running, &self.manifest).await;
-        Mode::Idle
-    }
-
-    /// The first start, or a start into a changed manifest: a lazy toolbox
-    /// is listed from its cached catalog and starts no child (without a
-    /// cache, one child is started to list its tools, and stopped as soon
-    /// as no call uses it); any other starts its child.
-    async fn begin(&mut self, reply: Option<Reply>) -> Mode {
-        if self.manifest.start.mode != crate::manifest::StartMode::Lazy {
-            return self.start(reply).await;
-        }
-        if let Some(mode) = self.list_from_cache() {
-            if let Some(reply) = reply {
-                let _ = reply.send(Ok(
-                    "idle: listed from its cached catalog; its first call starts it".to_owned(),
-                ));
-            }
-            return mode;
-        }
-        tracing::info!(
-            toolbox = self.id(),
-            "lazy toolbox with no cached catalog: starting it once to list its tools"
-        );
-        match self.start(reply).await {
-            Mode::Serving(mut running) => {
-                running.idle_stop = Some(Duration::ZERO);
-                Mode::Serving(running)
-            }
-            other => other,
-        }
-    }
-
-    /// Lists the toolbox from its cached catalog, idle; `None` when no
-    /// cache holds for this manifest (or its tools no longer compile).
-    fn list_from_cache(&mut self) -> Option<Mode> {
-        let cached = crate::catalog_cache::load(&self.manifest)?;
-        let (tools, rejected) = ToolSet::compile(&self.manifest.id, cached.tools.clone());
-        if tools.fits_on_the_bus().is_err() {
-            return None;
-        }
-        // Left out as when the child listed them (and said then).
-        for problem in rejected {
-            tracing::debug!(toolbox = self.id(), "cached tool left out: {problem}");
-        }
-        tracing::info!(
-            toolbox = self.id(),
-            tools = tools.len(),
-            "lazy toolbox listed from its cached catalog; no child until its first call"
-        );
-        if self.manifest.protocol.is_none() {
-            self.pin = Some(cached.version);
-        }
-        self.last_specs = Some(cached.tools);
-        self.show(View::Idle, Some(Arc::new(tools)));
-        Some(Mode::Idle)
     }
 
     /// Waits for what the actor must act on next in `mode`.

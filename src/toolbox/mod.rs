@@ -14,22 +14,26 @@ mod actor;
 mod replicas;
 pub mod restart;
 mod running;
+mod serving;
+mod stats;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use serving::{Serving, Slot, SlotHold};
+pub use stats::{RestartReason, Stats, StatsSnapshot};
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::cancel::Cancel;
 use crate::child::{ExitInfo, RpcFailure};
 use crate::manifest::Manifest;
 use crate::mcp::RpcError;
-use crate::session::Session;
 use crate::tool::ToolSet;
 
 /// Where a toolbox publishes itself, its state and its tools: the registry, in
@@ -112,254 +116,6 @@ impl State {
     }
 }
 
-/// The child currently serving calls, as callers see it.
-struct Serving {
-    /// Its MCP session.
-    session: Session,
-    /// Its pid, for status.
-    pid: u32,
-    /// `max_concurrent_calls` permits; tokio's semaphore is fair, so waiting
-    /// calls are served in arrival order.
-    permits: Semaphore,
-    /// `max_concurrent_calls`: when all permits are back, no call is on the child.
-    max_calls: usize,
-    /// Woken whenever a call gives its slot back, for a drain waiting on the last.
-    settled: tokio::sync::Notify,
-    /// When it became ready, for uptime in status.
-    since: Instant,
-    /// Calls that ran past their deadline since the last answered one.
-    timeouts_in_a_row: std::sync::atomic::AtomicU32,
-    /// Calls it answered, to tell a child that answers slowly from one that
-    /// answers nothing.
-    answers: AtomicU64,
-    /// `max_timeouts_in_a_row`: this many in a row and the child is wedged.
-    max_timeouts_in_a_row: u32,
-    /// Tells the actor the child is wedged: it kills and restarts it.
-    wedged: tokio::sync::Notify,
-    /// When a call last took or gave back a slot, in microseconds after
-    /// `since`: the actor stops a child idle for `idle_stop_s`.
-    last_active: AtomicU64,
-}
-
-impl Serving {
-    /// A call took or gave back a slot: the child is not idle.
-    fn touch(&self) {
-        let now = self.since.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
-        self.last_active.store(now, Ordering::Relaxed);
-    }
-
-    /// When a call last took or gave back a slot.
-    fn last_active(&self) -> Instant {
-        self.since + Duration::from_micros(self.last_active.load(Ordering::Relaxed))
-    }
-
-    /// Whether a call holds one of its slots.
-    fn busy(&self) -> bool {
-        self.permits.available_permits() < self.max_calls
-    }
-
-    /// The child answered a call: it is not wedged.
-    fn answered(&self) {
-        self.answers.fetch_add(1, Ordering::Relaxed);
-        self.timeouts_in_a_row.store(0, Ordering::Relaxed);
-    }
-
-    /// A call timed out on this child, or waiting for one of its slots: the
-    /// `max_timeouts_in_a_row`-th in a row (no answer between) wedges it.
-    fn timed_out(&self) {
-        let in_a_row = self.timeouts_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
-        if in_a_row == self.max_timeouts_in_a_row {
-            self.wedged.notify_one();
-        }
-    }
-}
-
-/// What a caller finds when it looks for a child.
-#[derive(Clone)]
-enum Slot {
-    /// No child yet (starting or restarting): wait.
-    Waiting,
-    /// No child until one is asked for: wake the actor, then wait.
-    Idle,
-    /// This child serves.
-    Serving(Arc<Serving>),
-    /// Failed: answer at once with this reason.
-    Failed(String),
-    /// Stopped: not hosted.
-    Stopped,
-}
-
-/// Why a toolbox's child was replaced (the `reason` of the restarts metric).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RestartReason {
-    /// The child exited by itself (crash or not); a new one was started.
-    Exited,
-    /// The daemon killed it (missed probes, wedged, broke the protocol).
-    Killed,
-    /// A start did not get as far as a tool list; tried again.
-    StartFailed,
-    /// `ctl restart`: a rolling restart.
-    Operator,
-    /// A reload with a changed manifest: a rolling restart into it.
-    Reload,
-}
-
-impl RestartReason {
-    /// Every reason, in the order metrics list them.
-    pub const ALL: [RestartReason; 5] = [
-        RestartReason::Exited,
-        RestartReason::Killed,
-        RestartReason::StartFailed,
-        RestartReason::Operator,
-        RestartReason::Reload,
-    ];
-
-    /// The reason's name, as the metric's label.
-    pub fn name(self) -> &'static str {
-        match self {
-            RestartReason::Exited => "exited",
-            RestartReason::Killed => "killed",
-            RestartReason::StartFailed => "start_failed",
-            RestartReason::Operator => "operator",
-            RestartReason::Reload => "reload",
-        }
-    }
-}
-
-/// Calls whose latency is kept for the percentiles in status.
-const LATENCY_SAMPLES: usize = 1024;
-
-/// Counters and recent history, for status.
-#[derive(Debug, Default)]
-pub struct Stats {
-    /// Calls answered with a result (counted by whoever answers the caller).
-    pub calls_ok: AtomicU64,
-    /// Calls answered with an error by the child, a deadline or a crash.
-    pub calls_err: AtomicU64,
-    /// Calls waiting for or running on a child right now.
-    pub in_flight: AtomicU64,
-    /// Restarts since the daemon started (crashes and operator restarts).
-    pub restarts: AtomicU64,
-    /// The same, by [`RestartReason`] (in the order of `RestartReason::ALL`).
-    restarts_by: [AtomicU64; RestartReason::ALL.len()],
-    /// The recent stderr of its children, for `ctl logs` and failure reports.
-    pub stderr: Arc<crate::child::StderrLog>,
-    /// What status shows beyond the counters.
-    detail: Mutex<Detail>,
-}
-
-#[derive(Debug, Default)]
-struct Detail {
-    /// How the last child ended, in words.
-    last_exit: Option<String>,
-    /// The MCP era and version the serving child speaks.
-    era: Option<String>,
-    /// What confines the serving child, mechanism by mechanism.
-    sandbox: Vec<String>,
-    /// How long the last start took, spawn to tools listed: what the first
-    /// call to an idle toolbox waits.
-    cold_start: Option<Duration>,
-    /// Durations of the latest calls, in microseconds.
-    latencies: VecDeque<u32>,
-}
-
-/// A point-in-time view of a toolbox's counters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StatsSnapshot {
-    pub calls_ok: u64,
-    pub calls_err: u64,
-    pub in_flight: u64,
-    pub restarts: u64,
-    pub last_exit: Option<String>,
-    pub era: Option<String>,
-    /// What confines the serving child (`["off"]` when nothing does).
-    pub sandbox: Vec<String>,
-    /// How long the last start took, spawn to tools listed.
-    pub cold_start: Option<Duration>,
-    /// Median and 99th percentile of recent call latencies.
-    pub p50: Option<Duration>,
-    pub p99: Option<Duration>,
-}
-
-impl Stats {
-    fn detail(&self) -> std::sync::MutexGuard<'_, Detail> {
-        self.detail.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Counts a finished call: answered with a result (`ok`) or an error,
-    /// `took` after it arrived.
-    pub fn record_call(&self, ok: bool, took: Duration) {
-        let counter = if ok { &self.calls_ok } else { &self.calls_err };
-        counter.fetch_add(1, Ordering::Relaxed);
-        self.record_latency(took);
-    }
-
-    fn record_latency(&self, took: Duration) {
-        let mut d = self.detail();
-        if d.latencies.len() == LATENCY_SAMPLES {
-            d.latencies.pop_front();
-        }
-        d.latencies
-            .push_back(took.as_micros().min(u32::MAX as u128) as u32);
-    }
-
-    /// Records what the child now serving speaks and how it is confined.
-    fn set_serving(&self, era: String, sandbox: Vec<String>) {
-        let mut d = self.detail();
-        d.era = Some(era);
-        d.sandbox = sandbox;
-    }
-
-    fn set_cold_start(&self, took: Duration) {
-        self.detail().cold_start = Some(took);
-    }
-
-    /// Counts a restart, and why.
-    fn restarted(&self, reason: RestartReason) {
-        self.restarts.fetch_add(1, Ordering::Relaxed);
-        if let Some(i) = RestartReason::ALL.iter().position(|&r| r == reason) {
-            self.restarts_by[i].fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Restarts by reason, every reason listed.
-    pub fn restarts_by_reason(&self) -> impl Iterator<Item = (RestartReason, u64)> + '_ {
-        RestartReason::ALL
-            .iter()
-            .zip(&self.restarts_by)
-            .map(|(&reason, count)| (reason, count.load(Ordering::Relaxed)))
-    }
-
-    fn set_last_exit(&self, text: String) {
-        self.detail().last_exit = Some(text);
-    }
-
-    /// The counters now.
-    pub fn snapshot(&self) -> StatsSnapshot {
-        let d = self.detail();
-        let mut sorted: Vec<u32> = d.latencies.iter().copied().collect();
-        sorted.sort_unstable();
-        let pick = |q: f64| {
-            (!sorted.is_empty()).then(|| {
-                let i = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-                Duration::from_micros(sorted[i] as u64)
-            })
-        };
-        StatsSnapshot {
-            calls_ok: self.calls_ok.load(Ordering::Relaxed),
-            calls_err: self.calls_err.load(Ordering::Relaxed),
-            in_flight: self.in_flight.load(Ordering::Relaxed),
-            restarts: self.restarts.load(Ordering::Relaxed),
-            last_exit: d.last_exit.clone(),
-            era: d.era.clone(),
-            sandbox: d.sandbox.clone(),
-            cold_start: d.cold_start,
-            p50: pick(0.5),
-            p99: pick(0.99),
-        }
-    }
-}
-
 /// The answer to an operator command: what happened, or why it could not.
 pub type Outcome = Result<String, String>;
 
@@ -396,18 +152,6 @@ pub struct ToolboxHandle {
     limits: watch::Receiver<Arc<CallLimits>>,
     /// Shared counters.
     stats: Arc<Stats>,
-}
-
-/// One call slot (a `max_concurrent_calls` permit) of a serving child, given
-/// back when dropped: when the child has answered, or is gone.
-struct SlotHold(Arc<Serving>);
-
-impl Drop for SlotHold {
-    fn drop(&mut self) {
-        self.0.touch();
-        self.0.permits.add_permits(1);
-        self.0.settled.notify_waiters();
-    }
 }
 
 /// The caller's view of one replica's actor.
