@@ -117,6 +117,26 @@ struct Running<'a> {
 }
 
 impl Running<'_> {
+    /// One request about the task (`tasks/result`, `tasks/get`), left to
+    /// finish past the deadline or a stop: the slot stays held until it has.
+    async fn ask(
+        &self,
+        method: &str,
+        deadline: Instant,
+        cancel: &mut Cancel,
+    ) -> Result<Value, RpcFailure> {
+        self.rpc
+            .request_until_then(
+                method,
+                &self.flavour.params(&self.id),
+                deadline,
+                cancel,
+                self.hold.share(),
+                PastDeadline::LetFinish,
+            )
+            .await
+    }
+
     /// Legacy: `tasks/result` answers when the task has ended. Past the
     /// deadline (or on a stop) the request is left to finish, so the slot is
     /// free only when the task has ended (cancelled, by `Drop`).
@@ -125,17 +145,7 @@ impl Running<'_> {
         deadline: Instant,
         cancel: &mut Cancel,
     ) -> Result<Value, RpcFailure> {
-        let answer = self
-            .rpc
-            .request_until_then(
-                "tasks/result",
-                &self.flavour.params(&self.id),
-                deadline,
-                cancel,
-                self.hold.share(),
-                PastDeadline::LetFinish,
-            )
-            .await;
+        let answer = self.ask("tasks/result", deadline, cancel).await;
         self.over = !given_up(&answer);
         answer
     }
@@ -179,17 +189,7 @@ impl Running<'_> {
                 }
             }
             seed = false;
-            let answer = self
-                .rpc
-                .request_until_then(
-                    "tasks/get",
-                    &self.flavour.params(&self.id),
-                    deadline,
-                    cancel,
-                    self.hold.share(),
-                    PastDeadline::LetFinish,
-                )
-                .await;
+            let answer = self.ask("tasks/get", deadline, cancel).await;
             // An error: the task is gone (unknown, expired) or so is the child.
             self.over = answer.is_err() && !given_up(&answer);
             last = answer?;
