@@ -37,6 +37,9 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 use toolboxd::bus::envelope::Message;
 use toolboxd::bus::{client, tcp};
 
+#[path = "e2e/scale.rs"]
+mod scale;
+
 const TOOLBOXD: &str = env!("CARGO_BIN_EXE_toolboxd");
 /// Measured time per load run, after a warm-up.
 const RUN: Duration = Duration::from_secs(2);
@@ -1527,7 +1530,13 @@ async fn bench(b: &mut Bench) {
             &format!("C={conns}: calls/s, toolboxd → compiled child ÷ bare echo responder (both Rust), embedded bus"),
             &t,
             &e,
-            Target::at_least(0.5, "≥ 0.50"),
+            // C=8 as issue 13 sets it; C=1 as set before (its 1.0× there is
+            // the independent benchmark's, whose client is slower than ours).
+            if conns == 8 {
+                Target::at_least(0.8, "≥ 0.80")
+            } else {
+                Target::at_least(0.5, "≥ 0.50")
+            },
         );
         b.p50_row(
             &format!("1-c{conns}-p50"),
@@ -1734,6 +1743,14 @@ async fn bench(b: &mut Bench) {
         s5[1].map(|s| s.without_children),
         tree(&p),
         None,
+    );
+    let own = s5[0].map(|s| s.without_children);
+    b.row(
+        "5-mem-added",
+        "20 compiled toolboxes up: memory of everything toolboxd adds (daemon + keeper, not the toolboxes), in MiB",
+        own,
+        own.map_or("n/a".into(), fmt_mib),
+        Target::at_most(15.0, "≤ 15 MiB"),
     );
 
     // 6: start -> first ovos.tools.list with every example tool, vs the slowest
@@ -1977,6 +1994,9 @@ async fn bench(b: &mut Bench) {
         ),
         Target::at_least(0.95, "≥ 0.95"),
     );
+
+    // 11: 10,000 manifests, and the installed binary.
+    scale::scale(b, &bus, &compiled);
     drop(bus);
 
     let failures = b.report.failures;

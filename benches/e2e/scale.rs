@@ -1,0 +1,175 @@
+//! Scenario 11: 10,000 manifests on one daemon, and the installed binary.
+//!
+//! Every manifest is a lazy toolbox (`[start] mode = "lazy"`) of the compiled
+//! child, as a device with many toolboxes would declare them: listed from the
+//! cached catalog, no process until called. The cache of one toolbox, probed
+//! by `toolboxd check --probe`, is copied to the others (the same command and
+//! working directory, so the same cache key). Measured: start → `ready`, one
+//! `ctl status --json` (its whole command), and SIGTERM → exit; and the
+//! daemon's memory with all of them listed.
+
+use super::*;
+
+/// Manifests in scenario 11.
+const MANIFESTS: usize = 10_000;
+
+pub(super) fn scale(b: &mut Bench, bus: &Bus, compiled: &Variant) {
+    let dir = tempdir("scale");
+    let (manifests, one, state) = (dir.join("m"), dir.join("one"), dir.join("state"));
+    for d in [&manifests, &one, &state] {
+        std::fs::create_dir_all(d).expect("creating a directory");
+    }
+    let manifest = |id: &str| {
+        format!(
+            "id = \"{id}\"\ncommand = {:?}\ncwd = {:?}\n[start]\nmode = \"lazy\"\n",
+            compiled.command.display().to_string(),
+            dir.display().to_string()
+        )
+    };
+    std::fs::write(one.join("b0.toml"), manifest("b0")).expect("writing a manifest");
+    let probed = Command::new(TOOLBOXD)
+        .args(["check", "--probe", "--manifests"])
+        .arg(&one)
+        .env("STATE_DIRECTORY", &state)
+        .stderr(Stdio::null())
+        .status();
+    let cached = state.join(".catalog/b0.json");
+    if !probed.is_ok_and(|s| s.success()) || !cached.is_file() {
+        b.fail("11: `toolboxd check --probe` did not cache the catalog".into());
+        return;
+    }
+    for i in 0..MANIFESTS {
+        let id = format!("b{i}");
+        std::fs::write(manifests.join(format!("{id}.toml")), manifest(&id))
+            .expect("writing a manifest");
+        if i > 0 {
+            std::fs::copy(&cached, state.join(format!(".catalog/{id}.json")))
+                .expect("copying the cached catalog");
+        }
+    }
+
+    let socket = dir.join("ctl.sock");
+    let started = Instant::now();
+    let mut child = Command::new(TOOLBOXD)
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            "--bus",
+            &bus.url,
+            "--manifests",
+        ])
+        .arg(&manifests)
+        .arg("--control")
+        .arg(&socket)
+        .env("STATE_DIRECTORY", &state)
+        .env("RUST_LOG", "warn,toolboxd::daemon=info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting toolboxd run");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut d = Proc(child);
+    let ready_line = wait_line(stderr, "\"message\":\"ready\"", "toolboxd run (11)");
+    let ready = started.elapsed();
+    let listed = serde_json::from_str::<Value>(&ready_line)
+        .ok()
+        .and_then(|l| l["tools"].as_u64());
+    let want = (MANIFESTS * compiled.tools) as u64;
+    if listed != Some(want) {
+        b.fail(format!(
+            "11: ready with {listed:?} tools listed, {want} expected"
+        ));
+    }
+
+    // ctl status, the whole command, median of 3.
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let out = Command::new(TOOLBOXD)
+            .args(["ctl", "--control"])
+            .arg(&socket)
+            .args(["status", "--json"])
+            .output();
+        let elapsed = t.elapsed();
+        match out {
+            Ok(o) if o.status.success() => {
+                let rows = serde_json::from_slice::<Value>(&o.stdout)
+                    .ok()
+                    .and_then(|v| v.as_array().map(Vec::len));
+                if rows != Some(MANIFESTS) {
+                    b.fail(format!("11: ctl status listed {rows:?} toolboxes"));
+                }
+                took.push(elapsed);
+            }
+            other => b.fail(format!("11: ctl status failed: {other:?}")),
+        }
+    }
+    took.sort();
+    let status = took
+        .get(took.len() / 2)
+        .copied()
+        .filter(|_| took.len() == 3);
+    let memory = b.memory("11", "toolboxd + 10,000 lazy toolboxes", MANIFESTS, d.pid());
+    if memory.is_some_and(|m| m.tree != m.without_children) {
+        b.fail("11: a lazy toolbox has a process before its first call".into());
+    }
+
+    let t = Instant::now();
+    let pid = nix::unistd::Pid::from_raw(d.pid() as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let exited = d.0.wait().map(|s| s.success());
+    let shutdown = t.elapsed();
+    if !matches!(exited, Ok(true)) {
+        b.fail(format!("11: toolboxd did not exit cleanly: {exited:?}"));
+    }
+
+    let s = |d: Duration| d.as_secs_f64();
+    b.row(
+        "11-ready",
+        "10,000 lazy toolboxes (cached catalogs): start → ready, every tool listed, in s",
+        Some(s(ready)),
+        format!("{:.2} s", s(ready)),
+        Target::at_most(3.0, "≤ 3 s"),
+    );
+    b.row(
+        "11-status",
+        "the same: `toolboxd ctl status --json` (the whole command, median of 3), in s",
+        status.map(s),
+        status.map_or("n/a".into(), |t| format!("{:.3} s", s(t))),
+        Target::at_most(0.3, "≤ 0.3 s"),
+    );
+    b.row(
+        "11-shutdown",
+        "the same: SIGTERM → exit, in s",
+        Some(s(shutdown)),
+        format!("{:.2} s", s(shutdown)),
+        Target::at_most(2.0, "≤ 2 s"),
+    );
+    let per = memory.map(|m| m.without_children * 1024.0 / MANIFESTS as f64);
+    b.row(
+        "11-mem",
+        "the same: the daemon's memory (daemon + keeper) per lazy toolbox, in KiB",
+        per,
+        per.map_or("n/a".into(), |k| {
+            format!(
+                "{k:.1} KiB ({} in all)",
+                fmt_mib(memory.map_or(0.0, |m| m.without_children))
+            )
+        }),
+        None,
+    );
+
+    // The installed binary: what `cargo build --release` makes.
+    let size = std::fs::metadata(TOOLBOXD).map(|m| m.len() as f64 / (1024.0 * 1024.0));
+    match size {
+        Ok(mib) => b.row(
+            "11-binary",
+            "the release binary (`cargo build --release`), in MiB",
+            Some(mib),
+            format!("{mib:.1} MiB"),
+            Target::at_most(12.0, "≤ 12 MiB"),
+        ),
+        Err(e) => b.fail(format!("11: {TOOLBOXD}: {e}")),
+    }
+    drop(d);
+}
