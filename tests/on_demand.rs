@@ -262,3 +262,46 @@ async fn a_prewarm_topic_starts_an_idle_toolbox_ahead_of_its_first_call() {
     assert_eq!(row["pids"].as_array().map(Vec::len), Some(1), "{row}");
     assert_eq!(row["calls_ok"], 0, "started before any call");
 }
+
+#[tokio::test]
+async fn new_lazy_toolboxes_start_to_list_their_tools_a_few_at_a_time() {
+    // Ten lazy toolboxes never seen before: each is started once to list
+    // its tools, at most four at a time daemon-wide (a device given many
+    // new toolboxes must not run out of descriptors or memory).
+    let dir = TempDir::new("lazy-many");
+    let state = TempDir::new("lazy-many-state");
+    let notes = TempDir::new("lazy-many-notes");
+    let note = notes.path().join("starts");
+    let fixture = repo("tests/fixtures/fixture_toolbox.py");
+    for i in 0..10 {
+        dir.write(
+            &format!("lazy{i}.toml"),
+            &format!(
+                "id = \"lazy{i}\"\ncommand = \"sh\"\n\
+                 args = [\"-c\", \"echo + >> {note}; python3 {fixture}; echo - >> {note}\"]\n\
+                 env = {{ START_DELAY_S = \"0.3\" }}\n\
+                 [sandbox]\nread_write = [\"{notes}\"]\nread_only = [\"{fixtures}\", \"{examples}\"]\n\
+                 [start]\nmode = \"lazy\"\n",
+                note = note.display(),
+                notes = notes.path().display(),
+                fixtures = repo("tests/fixtures"),
+                examples = repo("examples/python"),
+            ),
+        );
+    }
+    let daemon = daemon_with_state(&dir, &state);
+    for i in 0..10 {
+        let row = daemon.wait_for_state(&format!("lazy{i}"), "idle", Duration::from_secs(30));
+        assert!(row["tools"].as_u64() > Some(0), "{row}");
+    }
+    wait_until("every child has exited", Duration::from_secs(10), || {
+        std::fs::read_to_string(&note).is_ok_and(|t| t.matches('-').count() == 10)
+    });
+    let (mut running, mut most) = (0i32, 0);
+    for mark in std::fs::read_to_string(&note).unwrap().split_whitespace() {
+        running += if mark == "+" { 1 } else { -1 };
+        most = most.max(running);
+    }
+    assert_eq!(running, 0);
+    assert!((1..=4).contains(&most), "{most} children at once");
+}

@@ -15,20 +15,19 @@ use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
 use super::running::{drain_and_stop, Down, Running};
 use super::{CallLimits, Command, Outcome, RestartReason, Serving, Slot, State, Stats};
-use crate::child::{Child, ChildEvent, ExitInfo, RpcFailure};
+use crate::child::{Child, ChildEvent, ExitInfo};
 use crate::launch::{self, Launched};
 use crate::manifest::Manifest;
 use crate::mcp::ToolSpec;
 use crate::tool::ToolSet;
 use crate::wait::or_never;
 
+mod liveness;
 mod mode;
 mod on_demand;
 
 use mode::{Event, Mode, View};
 
-/// Liveness probes missed in a row before the child is killed.
-const MAX_MISSED_PROBES: u32 = 3;
 /// How soon a child that could not be spawned for want of descriptors,
 /// processes or memory is tried again.
 const SHORTAGE_RETRY: Duration = Duration::from_secs(1);
@@ -73,6 +72,9 @@ pub(super) struct Actor {
     last_refresh: Option<Instant>,
     /// Restart history, for backoff and the restart budget.
     budget: Budget,
+    /// A lazy toolbox with no cached catalog, waiting for its turn to start
+    /// once and list its tools ([`on_demand`]); any start ends the wait.
+    awaiting_listing: bool,
 }
 
 impl Actor {
@@ -97,6 +99,7 @@ impl Actor {
             last_specs: None,
             last_refresh: None,
             budget: Budget::default(),
+            awaiting_listing: false,
         }
     }
 
@@ -210,6 +213,7 @@ impl Actor {
                     }
                     other => other,
                 },
+                Event::ListingTurn(turn) => self.list_once(None, turn.ok()).await,
                 Event::IdleCheck => match mode {
                     Mode::Serving(running) => self.idle_check(running).await,
                     other => other,
@@ -250,6 +254,7 @@ impl Actor {
             _ => None,
         };
         let wake = matches!(mode, Mode::Idle).then(|| self.wake.notified());
+        let turn = self.listing_turn(mode);
         let (child, events, serving, probe) = match mode {
             Mode::Serving(r) => (
                 Some(&r.child),
@@ -268,6 +273,7 @@ impl Actor {
             _ = or_never(refresh_due.map(tokio::time::sleep_until)) => Event::RefreshDue,
             _ = or_never(idle_check) => Event::IdleCheck,
             _ = or_never(wake) => Event::Wake,
+            turn = or_never(turn) => Event::ListingTurn(turn),
             command = self.commands.recv() => Event::Command(command),
         }
     }
@@ -364,6 +370,7 @@ impl Actor {
     /// Starts a child; answers the operator's command, if any, once it serves
     /// or failed.
     async fn start(&mut self, reply: Option<Reply>) -> Mode {
+        self.awaiting_listing = false;
         let began = Instant::now();
         match self.launch().await {
             Ok(launched) => {
@@ -454,6 +461,7 @@ impl Actor {
             refresh_due: None,
             idle_stop: (self.manifest.start.idle_stop_s > 0)
                 .then(|| Duration::from_secs(self.manifest.start.idle_stop_s)),
+            listing_turn: None,
         }
     }
 
@@ -589,38 +597,6 @@ impl Actor {
             short_of_resources: false,
             reason,
         })
-    }
-
-    /// Kills the serving child because `why` (said again with its exit); the
-    /// exit then restarts it.
-    fn kill(running: &mut Running, why: String) {
-        running.killed_for = Some(why);
-        running
-            .child
-            .signal_group(nix::sys::signal::Signal::SIGKILL);
-    }
-
-    /// One liveness probe: `MAX_MISSED_PROBES` missed in a row kill the child.
-    async fn probe(&self, running: &mut Running) {
-        let limit = Duration::from_secs(self.manifest.limits.probe_timeout_s);
-        match tokio::time::timeout(limit, running.serving.session.probe()).await {
-            // An error answer is still an answer: the child is alive.
-            Ok(Ok(())) | Ok(Err(RpcFailure::Rpc(_))) => running.missed = 0,
-            _ => {
-                running.missed += 1;
-                let (pid, missed) = (running.child.pid(), running.missed);
-                tracing::warn!(toolbox = self.id(), pid, missed, "liveness probe missed");
-                if missed >= MAX_MISSED_PROBES {
-                    tracing::error!(
-                        toolbox = self.id(),
-                        pid,
-                        "child stopped answering its liveness probe; killing it"
-                    );
-                    let why = format!("it missed {MAX_MISSED_PROBES} liveness probes in a row");
-                    Self::kill(running, why);
-                }
-            }
-        }
     }
 
     /// Applies the restart policy to a child that went down.

@@ -37,6 +37,9 @@ pub(super) struct Running {
     /// Stop it after this long without a call (`[start] idle_stop_s`; zero
     /// for the one listing start of a lazy toolbox with no cached catalog).
     pub(super) idle_stop: Option<Duration>,
+    /// The turn of a lazy toolbox's one listing start, held until this
+    /// child has stopped, so that few such children live at once.
+    pub(super) listing_turn: Option<tokio::sync::SemaphorePermit<'static>>,
 }
 
 /// A child that went down, as the restart policy and the failure report need it.

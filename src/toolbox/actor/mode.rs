@@ -9,6 +9,9 @@ use crate::child::{ChildEvent, ExitInfo};
 
 /// What the actor is doing between events. The state status shows and the
 /// slot calls look for are both derived from it ([`Mode::view`], [`Actor::show`]).
+// One `Mode` per actor, moved between its states: boxing the large
+// variant would buy nothing but an allocation per start.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Mode {
     /// A child serves calls.
     Serving(Running),
@@ -79,4 +82,6 @@ pub(super) enum Event {
     Wake,
     /// The serving child may have been idle for `idle_stop_s`.
     IdleCheck,
+    /// A lazy toolbox's turn to start once and list its tools.
+    ListingTurn(super::on_demand::ListingTurn),
 }

@@ -5,9 +5,24 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::{AcquireError, Semaphore, SemaphorePermit};
+
 use super::{Actor, Mode, Reply, View};
 use crate::tool::ToolSet;
 use crate::toolbox::running::{drain_and_stop, Running};
+
+/// Lazy toolboxes without a cached catalog started at once to list their
+/// tools, daemon-wide: a device given many new lazy toolboxes starts a few
+/// children at a time, not one per manifest at once (descriptors, memory
+/// and CPU would run out).
+const LISTINGS_AT_ONCE: usize = 4;
+
+/// The turns of [`LISTINGS_AT_ONCE`].
+static LISTING_TURNS: Semaphore = Semaphore::const_new(LISTINGS_AT_ONCE);
+
+/// A lazy toolbox's turn to start once, held until that child stops
+/// (never `Err`: the semaphore is never closed).
+pub(super) type ListingTurn = Result<SemaphorePermit<'static>, AcquireError>;
 
 impl Actor {
     /// Stops the serving child if no call has used it for its idle limit;
@@ -60,6 +75,32 @@ impl Actor {
             }
             return mode;
         }
+        if reply.is_some() {
+            // An operator's start: this one toolbox, now.
+            return self.list_once(reply, None).await;
+        }
+        // At the daemon's start or a reload: in turn with the others.
+        self.awaiting_listing = true;
+        self.show(View::Starting, None);
+        Mode::Idle
+    }
+
+    /// Its turn to start once and list its tools, while it waits for one (a future for the
+    /// actor's event loop).
+    pub(super) fn listing_turn(
+        &self,
+        mode: &Mode,
+    ) -> Option<impl std::future::Future<Output = ListingTurn> + 'static> {
+        (self.awaiting_listing && matches!(mode, Mode::Idle)).then(|| LISTING_TURNS.acquire())
+    }
+
+    /// Starts the child of a lazy toolbox with no cached catalog to list its
+    /// tools (which caches them), and stops it as soon as no call uses it.
+    pub(super) async fn list_once(
+        &mut self,
+        reply: Option<Reply>,
+        turn: Option<SemaphorePermit<'static>>,
+    ) -> Mode {
         tracing::info!(
             toolbox = self.id(),
             "lazy toolbox with no cached catalog: starting it once to list its tools"
@@ -67,6 +108,7 @@ impl Actor {
         match self.start(reply).await {
             Mode::Serving(mut running) => {
                 running.idle_stop = Some(Duration::ZERO);
+                running.listing_turn = turn;
                 Mode::Serving(running)
             }
             other => other,
