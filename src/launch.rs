@@ -74,7 +74,8 @@ pub async fn launch(
     let request_timeout = Duration::from_secs(limits.call_timeout_s);
     let mut pin = pin.map(str::to_owned);
     let (child, events, session) = loop {
-        let (child, events) = Child::spawn(manifest, stderr.clone()).map_err(|e| LaunchError {
+        let spawned = Child::spawn(manifest, stderr.clone()).await;
+        let (child, events) = spawned.map_err(|e| LaunchError {
             child: None,
             short_of_resources: e.is_resource_shortage(),
             why: e.to_string(),

@@ -15,6 +15,7 @@
 mod group;
 mod logs;
 mod rpc;
+mod spawner;
 
 pub use logs::{LogLine, StderrLog, LOG_LINES};
 pub use rpc::{PastDeadline, ProgressSender, ProgressWatch, RpcFailure, RpcHandle};
@@ -177,8 +178,8 @@ fn command(
     unsafe {
         cmd.pre_exec(move || {
             // Die with the daemon. The signal fires when the *thread* that
-            // forked exits; children are spawned from the runtime's one
-            // thread, which lives as long as the daemon.
+            // forked exits; children are forked on the spawner threads,
+            // which live as long as the daemon ([`spawner`]).
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -233,61 +234,26 @@ impl Child {
     /// Spawns the manifest's command with piped stdio, in its own process group;
     /// its stderr lines go to `stderr` (the toolbox's log) as well as to the
     /// daemon's log. Returns the child and the receiver of its events (closed
-    /// when it exits).
-    pub fn spawn(
+    /// when it exits). The fork happens on a spawner thread ([`spawner`]).
+    pub async fn spawn(
         manifest: &Manifest,
         stderr_log: Arc<StderrLog>,
     ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
-        // The keeper must exist before the child does (it is started once).
-        let keeper = crate::keeper::Keeper::get();
-        let mut cgroup = crate::cgroup::Cgroups::get().and_then(|cgroups| {
-            cgroups
-                .new_child(&manifest.id)
-                .map_err(|e| {
-                    tracing::warn!(toolbox = %manifest.id, "cannot create a cgroup for the child: {e}")
-                })
-                .ok()
-        });
-        let v2_cgroup = cgroup.as_ref().map(crate::cgroup::Cgroup::dir);
-        let sandbox = crate::sandbox::plan(manifest, v2_cgroup)?.map(Arc::new);
-        if sandbox.is_none() {
-            tracing::warn!(
-                toolbox = %manifest.id,
-                "sandbox profile \"off\": the child runs with the daemon's rights, environment \
-                 and network"
-            );
-        }
-        let enter = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
+        let owned = manifest.clone();
+        let forked = spawner::run(move || fork(&owned)).await;
+        let Forked {
+            mut process,
+            cgroup,
+            kept,
+            keeper,
+        } = forked.ok_or_else(|| SpawnError::Exec {
+            program: manifest.program.display().to_string(),
+            source: std::io::Error::other("the spawn failed unexpectedly (a bug: see the log)"),
+        })??;
         let spawn_error = |source| SpawnError::Exec {
             program: manifest.program.display().to_string(),
             source,
         };
-        let mut process = match command(manifest, enter, sandbox.clone()).spawn() {
-            Ok(process) => process,
-            // The move into the cgroup may be what failed (a parent cgroup
-            // that refuses it): try once without, and say so if that works.
-            Err(first) if cgroup.is_some() => {
-                let process = command(manifest, None, sandbox.clone())
-                    .spawn()
-                    .map_err(spawn_error)?;
-                tracing::warn!(
-                    toolbox = %manifest.id,
-                    "started the child without its cgroup ({first}): what it starts may \
-                     outlive its stop if it leaves its process group"
-                );
-                cgroup = None;
-                process
-            }
-            Err(e) => return Err(spawn_error(e)),
-        };
-        // The commands (and their copies of the plan) are gone: keep only
-        // what must outlive the spawn, and let Landlock's descriptors go.
-        let kept = sandbox.map(|plan| match Arc::try_unwrap(plan) {
-            Ok(plan) => Box::new(plan.into_kept()),
-            // invariant: no command holds the plan any more; if one did, its
-            // limits would be removed with it.
-            Err(plan) => Box::new(crate::sandbox::Kept::summary_only(plan.summary())),
-        });
         let pid = process.id();
         let pipes = async_pipes(&mut process);
         let (stdin, stdout, stderr) = match pipes {
@@ -450,6 +416,79 @@ impl Child {
         self.signal_group(Signal::SIGKILL);
         self.exited().await
     }
+}
+
+/// A forked child before the runtime takes it over.
+struct Forked {
+    /// The process (its `std` handle only holds the pid once taken over).
+    process: std::process::Child,
+    /// Its cgroup, where one could be made and entered.
+    cgroup: Option<crate::cgroup::Cgroup>,
+    /// What it keeps of its sandbox.
+    kept: Option<Box<crate::sandbox::Kept>>,
+    /// The keeper that kills it if the daemon dies.
+    keeper: Option<&'static crate::keeper::Keeper>,
+}
+
+/// Plans the child's sandbox and forks it (blocking: runs on a spawner
+/// thread).
+fn fork(manifest: &Manifest) -> Result<Forked, SpawnError> {
+    // The keeper must exist before the child does (it is started once).
+    let keeper = crate::keeper::Keeper::get();
+    let mut cgroup = crate::cgroup::Cgroups::get().and_then(|cgroups| {
+        cgroups
+            .new_child(&manifest.id)
+            .map_err(|e| {
+                tracing::warn!(toolbox = %manifest.id, "cannot create a cgroup for the child: {e}")
+            })
+            .ok()
+    });
+    let v2_cgroup = cgroup.as_ref().map(crate::cgroup::Cgroup::dir);
+    let sandbox = crate::sandbox::plan(manifest, v2_cgroup)?.map(Arc::new);
+    if sandbox.is_none() {
+        tracing::warn!(
+            toolbox = %manifest.id,
+            "sandbox profile \"off\": the child runs with the daemon's rights, environment \
+             and network"
+        );
+    }
+    let enter = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
+    let spawn_error = |source| SpawnError::Exec {
+        program: manifest.program.display().to_string(),
+        source,
+    };
+    let process = match command(manifest, enter, sandbox.clone()).spawn() {
+        Ok(process) => process,
+        // The move into the cgroup may be what failed (a parent cgroup
+        // that refuses it): try once without, and say so if that works.
+        Err(first) if cgroup.is_some() => {
+            let process = command(manifest, None, sandbox.clone())
+                .spawn()
+                .map_err(spawn_error)?;
+            tracing::warn!(
+                toolbox = %manifest.id,
+                "started the child without its cgroup ({first}): what it starts may \
+                 outlive its stop if it leaves its process group"
+            );
+            cgroup = None;
+            process
+        }
+        Err(e) => return Err(spawn_error(e)),
+    };
+    // The commands (and their copies of the plan) are gone: keep only
+    // what must outlive the spawn, and let Landlock's descriptors go.
+    let kept = sandbox.map(|plan| match Arc::try_unwrap(plan) {
+        Ok(plan) => Box::new(plan.into_kept()),
+        // invariant: no command holds the plan any more; if one did, its
+        // limits would be removed with it.
+        Err(plan) => Box::new(crate::sandbox::Kept::summary_only(plan.summary())),
+    });
+    Ok(Forked {
+        process,
+        cgroup,
+        kept,
+        keeper,
+    })
 }
 
 /// The child's pipes, taken from `process` and made asynchronous.
