@@ -273,6 +273,12 @@ pub fn parse_tools_page(result: &Value) -> (Vec<Result<ToolSpec, String>>, Optio
     (specs, cursor)
 }
 
+/// A tool list as one text: equal for equal lists (to tell whether a
+/// listing changed without keeping the listing).
+pub fn tools_fingerprint(specs: &[ToolSpec]) -> String {
+    Value::Array(specs.iter().map(tool_definition).collect()).to_string()
+}
+
 /// `spec` as an MCP `Tool` object: what [`parse_tools_page`] reads back.
 pub fn tool_definition(spec: &ToolSpec) -> Value {
     let mut tool = serde_json::Map::new();

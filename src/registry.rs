@@ -147,7 +147,7 @@ impl Catalog {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(&tool.definition.to_string());
+                out.push_str(tool.definition_json());
             }
             out.push(']');
             out
@@ -434,7 +434,7 @@ mod tests {
         };
         assert_eq!(entry.handle.id(), "math");
         assert_eq!(tool.name, "add");
-        assert_eq!(tool.definition["toolbox_id"], "math");
+        assert_eq!(tool.definition()["toolbox_id"], "math");
         let Resolved::Ambiguous(ids) = catalog.resolve("echo") else {
             panic!("echo is math's and shell's")
         };
@@ -457,7 +457,7 @@ mod tests {
                 entry
                     .tools
                     .iter()
-                    .map(|t| t.definition.clone())
+                    .map(|t| t.definition())
                     .collect::<Vec<_>>()
             })
             .collect();

@@ -367,7 +367,7 @@ impl Service {
     fn answer_discover(&self, request: &Message) {
         let catalog = self.registry.snapshot();
         for (id, entry) in catalog.listed() {
-            let tools: Vec<Value> = entry.tools.iter().map(|t| t.definition.clone()).collect();
+            let tools: Vec<Value> = entry.tools.iter().map(|t| t.definition()).collect();
             self.respond(
                 request,
                 object! {"toolbox_id" => id.as_str(), "tools" => tools},
@@ -539,8 +539,8 @@ impl Service {
         let data = match request.data.get("name").and_then(Value::as_str) {
             None | Some("") => object! {"error" => answers::MISSING_NAME},
             Some(name) => match self.registry.snapshot().resolve(name) {
-                Resolved::One(_, tool) => match &tool.definition {
-                    Value::Object(def) => def.clone(),
+                Resolved::One(_, tool) => match tool.definition() {
+                    Value::Object(def) => def,
                     _ => Object::new(),
                 },
                 Resolved::Unknown => object! {"error" => answers::unknown_tool(name)},

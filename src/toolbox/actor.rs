@@ -15,10 +15,10 @@ use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
 use super::running::{drain_and_stop, Down, Running};
 use super::{CallLimits, Command, Outcome, RestartReason, Serving, Slot, State, Stats};
-use crate::child::{Child, ChildEvent, ExitInfo};
+use crate::child::{ChildEvent, ExitInfo};
 use crate::launch::{self, Launched};
 use crate::manifest::Manifest;
-use crate::mcp::ToolSpec;
+use crate::mcp;
 use crate::tool::ToolSet;
 use crate::wait::or_never;
 
@@ -66,8 +66,10 @@ pub(super) struct Actor {
     /// The protocol version to use without probing: the manifest's pin, or what
     /// the last probe found (the era of a server does not change across restarts).
     pin: Option<String>,
-    /// The last tool list, to skip rebuilding the catalog when nothing changed.
-    last_specs: Option<Vec<ToolSpec>>,
+    /// The last tool list, serialized ([`mcp::tools_fingerprint`]), to skip
+    /// rebuilding the catalog when nothing changed (as text: a tenth of the
+    /// memory of the listing itself).
+    last_specs: Option<String>,
     /// When the last refresh started, to answer queued refreshes at once.
     last_refresh: Option<Instant>,
     /// Restart history, for backoff and the restart budget.
@@ -141,140 +143,150 @@ impl Actor {
 
     /// The actor's one loop: wait for the next event, act on it, repeat
     /// until every handle is gone.
+    ///
+    /// Each wait and each step is boxed while it runs: between events, an
+    /// actor (one per toolbox, most of them idle) holds only its state, not
+    /// room for the largest step it could take.
     pub(super) async fn run(mut self) {
         let mut mode = if self.manifest.enabled {
-            self.begin(None).await
+            Box::pin(self.begin(None)).await
         } else {
             self.stopped()
         };
         loop {
-            let event = self.next_event(&mut mode).await;
-            mode = match event {
-                Event::Command(Some(command)) => self.on_command(mode, command).await,
-                Event::Command(None) => {
-                    if let Mode::Serving(running) = mode {
-                        self.show(View::Stopped, None);
-                        drain_and_stop(running, &self.manifest).await;
-                    }
-                    return;
-                }
-                Event::Exited(exit) => match mode {
-                    Mode::Serving(running) => self.exited(running, exit),
-                    other => other,
-                },
-                Event::Wedged => {
-                    if let Mode::Serving(running) = &mut mode {
-                        let why = format!(
-                            "{} calls in a row ran past their deadline",
-                            self.manifest.limits.max_timeouts_in_a_row
-                        );
-                        let pid = running.child.pid();
-                        tracing::error!(toolbox = self.id(), pid, "{why}; killing the child");
-                        Self::kill(running, why);
-                    }
-                    mode
-                }
-                Event::Child(ChildEvent::ToolsChanged) => {
-                    if let Mode::Serving(running) = &mut mode {
-                        self.tools_changed(running).await;
-                    }
-                    mode
-                }
-                Event::RefreshDue => {
-                    if let Mode::Serving(running) = &mut mode {
-                        running.refresh_due = None;
-                        self.refresh(running, None).await;
-                    }
-                    mode
-                }
-                Event::Probe => {
-                    if let Mode::Serving(running) = &mut mode {
-                        self.probe(running).await;
-                    }
-                    mode
-                }
-                Event::Timer => match mode {
-                    Mode::Failed { .. } => {
-                        tracing::info!(
-                            toolbox = self.id(),
-                            "failed cool-down over; starting again"
-                        );
-                        self.budget.reset();
-                        self.show(View::Starting, None);
-                        self.start(None).await
-                    }
-                    _ => self.start(None).await,
-                },
-                Event::Wake => match mode {
-                    Mode::Idle => {
-                        tracing::info!(toolbox = self.id(), "starting a child for an idle toolbox");
-                        self.show(View::Waking, None);
-                        self.start(None).await
-                    }
-                    other => other,
-                },
-                Event::ListingTurn(turn) => self.list_once(None, turn.ok()).await,
-                Event::IdleCheck => match mode {
-                    Mode::Serving(running) => self.idle_check(running).await,
-                    other => other,
-                },
+            let event = Box::pin(self.next_event(&mut mode)).await;
+            let Some(next) = Box::pin(self.on_event(mode, event)).await else {
+                return;
             };
+            mode = next;
         }
     }
 
-    /// Waits for what the actor must act on next in `mode`.
+    /// Acts on `event` in `mode`; the mode after it, or `None` once every
+    /// handle is gone (the child then is stopped).
+    async fn on_event(&mut self, mut mode: Mode, event: Event) -> Option<Mode> {
+        Some(match event {
+            Event::Command(Some(command)) => self.on_command(mode, command).await,
+            Event::Command(None) => {
+                if let Mode::Serving(running) = mode {
+                    self.show(View::Stopped, None);
+                    drain_and_stop(running, &self.manifest).await;
+                }
+                return None;
+            }
+            Event::Exited(exit) => match mode {
+                Mode::Serving(running) => self.exited(running, exit),
+                other => other,
+            },
+            Event::Wedged => {
+                if let Mode::Serving(running) = &mut mode {
+                    let why = format!(
+                        "{} calls in a row ran past their deadline",
+                        self.manifest.limits.max_timeouts_in_a_row
+                    );
+                    let pid = running.child.pid();
+                    tracing::error!(toolbox = self.id(), pid, "{why}; killing the child");
+                    Self::kill(running, why);
+                }
+                mode
+            }
+            Event::Child(ChildEvent::ToolsChanged) => {
+                if let Mode::Serving(running) = &mut mode {
+                    self.tools_changed(running).await;
+                }
+                mode
+            }
+            Event::RefreshDue => {
+                if let Mode::Serving(running) = &mut mode {
+                    running.refresh_due = None;
+                    self.refresh(running, None).await;
+                }
+                mode
+            }
+            Event::Probe => {
+                if let Mode::Serving(running) = &mut mode {
+                    self.probe(running).await;
+                }
+                mode
+            }
+            Event::Timer => match mode {
+                Mode::Failed { .. } => {
+                    tracing::info!(toolbox = self.id(), "failed cool-down over; starting again");
+                    self.budget.reset();
+                    self.show(View::Starting, None);
+                    self.start(None).await
+                }
+                _ => self.start(None).await,
+            },
+            Event::Wake => match mode {
+                Mode::Idle => {
+                    tracing::info!(toolbox = self.id(), "starting a child for an idle toolbox");
+                    self.show(View::Waking, None);
+                    self.start(None).await
+                }
+                other => other,
+            },
+            Event::ListingTurn(turn) => self.list_once(None, turn.ok()).await,
+            Event::IdleCheck => match mode {
+                Mode::Serving(running) => self.idle_check(running).await,
+                other => other,
+            },
+        })
+    }
+
+    /// Waits for what the actor must act on next in `mode`. A serving
+    /// child's many sources wait in a box of their own: the rest of the
+    /// time (most toolboxes idle, most of it) the wait is small.
     async fn next_event(&mut self, mode: &mut Mode) -> Event {
         let timer = match mode {
+            Mode::Serving(running) => {
+                return Box::pin(Self::next_serving_event(&mut self.commands, running)).await
+            }
             Mode::Backoff { until, .. } => Some(*until),
             Mode::Failed { retry, .. } => *retry,
-            _ => None,
-        };
-        let refresh_due = match mode {
-            Mode::Serving(r) => r.refresh_due,
-            _ => None,
-        };
-        let idle_check = match &*mode {
-            Mode::Serving(r) => r.idle_stop.map(|limit| {
-                let serving = r.serving.clone();
-                async move {
-                    // Registered before `busy` is read, so a slot given back
-                    // in between still wakes it.
-                    let settled = serving.settled.notified();
-                    if serving.busy() {
-                        settled.await;
-                    } else {
-                        // Not sooner than IDLE_GRACE from now: a call on its
-                        // way to a slot keeps the child, and is looked at
-                        // again then, not in a loop.
-                        let due = (serving.last_active() + limit).max(Instant::now() + IDLE_GRACE);
-                        tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
-                    }
-                }
-            }),
-            _ => None,
+            Mode::Stopped | Mode::Idle => None,
         };
         let wake = matches!(mode, Mode::Idle).then(|| self.wake.notified());
         let turn = self.listing_turn(mode);
-        let (child, events, serving, probe) = match mode {
-            Mode::Serving(r) => (
-                Some(&r.child),
-                Some(&mut r.events),
-                Some(&r.serving),
-                Some(&mut r.probe),
-            ),
-            _ => (None, None, None, None),
-        };
         tokio::select! {
-            exit = or_never(child.map(Child::exited)) => Event::Exited(exit),
-            _ = or_never(serving.map(|s| s.wedged.notified())) => Event::Wedged,
-            Some(event) = or_never(events.map(mpsc::UnboundedReceiver::recv)) => Event::Child(event),
-            _ = or_never(probe.map(tokio::time::Interval::tick)) => Event::Probe,
             _ = or_never(timer.map(tokio::time::sleep_until)) => Event::Timer,
-            _ = or_never(refresh_due.map(tokio::time::sleep_until)) => Event::RefreshDue,
-            _ = or_never(idle_check) => Event::IdleCheck,
             _ = or_never(wake) => Event::Wake,
             turn = or_never(turn) => Event::ListingTurn(turn),
             command = self.commands.recv() => Event::Command(command),
+        }
+    }
+
+    /// [`Self::next_event`] while a child serves.
+    async fn next_serving_event(
+        commands: &mut mpsc::Receiver<Command>,
+        running: &mut Running,
+    ) -> Event {
+        let idle_check = running.idle_stop.map(|limit| {
+            let serving = running.serving.clone();
+            async move {
+                // Registered before `busy` is read, so a slot given back
+                // in between still wakes it.
+                let settled = serving.settled.notified();
+                if serving.busy() {
+                    settled.await;
+                } else {
+                    // Not sooner than IDLE_GRACE from now: a call on its
+                    // way to a slot keeps the child, and is looked at
+                    // again then, not in a loop.
+                    let due = (serving.last_active() + limit).max(Instant::now() + IDLE_GRACE);
+                    tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
+                }
+            }
+        });
+        let refresh_due = running.refresh_due;
+        tokio::select! {
+            exit = running.child.exited() => Event::Exited(exit),
+            _ = running.serving.wedged.notified() => Event::Wedged,
+            Some(event) = running.events.recv() => Event::Child(event),
+            _ = running.probe.tick() => Event::Probe,
+            _ = or_never(refresh_due.map(tokio::time::sleep_until)) => Event::RefreshDue,
+            _ = or_never(idle_check) => Event::IdleCheck,
+            command = commands.recv() => Event::Command(command),
         }
     }
 
@@ -404,7 +416,7 @@ impl Actor {
                         "tool left out: {problem}"
                     );
                 }
-                self.last_specs = Some(launched.specs.clone());
+                self.last_specs = Some(mcp::tools_fingerprint(&launched.specs));
                 if self.manifest.start.on_demand() {
                     let version = launched.session.era().version();
                     crate::catalog_cache::store(&self.manifest, version, &launched.specs);
@@ -546,7 +558,7 @@ impl Actor {
         let limit = Duration::from_secs(self.manifest.limits.call_timeout_s);
         let max_bytes = self.manifest.limits.max_message_bytes;
         match running.serving.session.list_tools(limit, max_bytes).await {
-            Ok((specs, _)) if self.last_specs.as_ref() == Some(&specs) => {}
+            Ok((specs, _)) if self.last_specs == Some(mcp::tools_fingerprint(&specs)) => {}
             Ok((specs, mut problems)) => {
                 let (tools, rejected) = ToolSet::compile(&self.manifest.id, specs.clone());
                 if let Err(why) = tools.fits_on_the_bus() {
@@ -564,7 +576,7 @@ impl Actor {
                     let version = running.serving.session.era().version();
                     crate::catalog_cache::store(&self.manifest, version, &specs);
                 }
-                self.last_specs = Some(specs);
+                self.last_specs = Some(mcp::tools_fingerprint(&specs));
                 let tools = Arc::new(tools);
                 tracing::info!(
                     toolbox = self.id(),

@@ -119,7 +119,8 @@ impl Actor {
     /// cache holds for this manifest (or its tools no longer compile).
     fn list_from_cache(&mut self) -> Option<Mode> {
         let cached = crate::catalog_cache::load(&self.manifest)?;
-        let (tools, rejected) = ToolSet::compile(&self.manifest.id, cached.tools.clone());
+        let fingerprint = crate::mcp::tools_fingerprint(&cached.tools);
+        let (tools, rejected) = ToolSet::compile(&self.manifest.id, cached.tools);
         if tools.fits_on_the_bus().is_err() {
             return None;
         }
@@ -135,7 +136,7 @@ impl Actor {
         if self.manifest.protocol.is_none() {
             self.pin = Some(cached.version);
         }
-        self.last_specs = Some(cached.tools);
+        self.last_specs = Some(fingerprint);
         self.show(View::Idle, Some(Arc::new(tools)));
         Some(Mode::Idle)
     }
