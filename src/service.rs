@@ -99,6 +99,12 @@ enum Topic {
     Stop,
 }
 
+/// Whether toolboxd answers (or takes) bus messages of `topic` itself: such
+/// a topic never prewarms a toolbox.
+pub fn answers_itself(topic: &str) -> bool {
+    topic == DISCOVER_RESPONSE || route(topic).is_some()
+}
+
 fn route(topic: &str) -> Option<Topic> {
     Some(match topic {
         DISCOVER => Topic::Discover,

@@ -217,6 +217,22 @@ async fn a_changed_script_invalidates_the_cached_catalog() {
     daemon.wait_for_state("lazy", "idle", Duration::from_secs(10));
     let mut bus = Bus::connect(&daemon.url).await;
     assert_eq!(listed(&mut bus).await, ["ping", "pong"]);
+
+    // Changed under a running daemon: a reload (the manifest unchanged)
+    // checks the cache, and the toolbox is listed again.
+    lazy_toolbox(&dir, &["ping", "pong", "pang"], "mode = \"lazy\"");
+    let (code, _, err) = daemon.ctl(&["reload"]);
+    assert_eq!(code, 0, "{err}");
+    let mut names = Vec::new();
+    for _ in 0..100 {
+        names = listed(&mut bus).await;
+        if names.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(names, ["pang", "ping", "pong"]);
+    daemon.wait_for_state("lazy", "idle", Duration::from_secs(10));
 }
 
 #[tokio::test]

@@ -75,6 +75,16 @@ impl Start {
                     ),
                 ));
             }
+            if topic.ends_with(".response") || crate::service::answers_itself(topic) {
+                return Err((
+                    "prewarm_on",
+                    format!(
+                        "[start] prewarm_on: {topic:?} never starts a toolbox: toolboxd answers \
+                         it itself, or it is an answer; name a topic that comes before the \
+                         calls, e.g. \"recognizer_loop:wakeword\""
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -214,3 +214,24 @@ fn duplicate_ids_across_files_name_both() {
     assert!(msg.contains("b.toml:1") && msg.contains("a.toml"), "{msg}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn prewarm_topics_must_come_before_a_call() {
+    let with = |topic: &str| {
+        parse(&format!(
+            "id = \"a\"\ncommand = \"sh\"\n[start]\nprewarm_on = [{topic:?}]\n"
+        ))
+    };
+    assert!(with("recognizer_loop:wakeword").is_ok());
+    // Topics toolboxd answers itself, and answers, never prewarm.
+    for topic in [
+        "ovos.tools.invoke",
+        "ovos.persona.tools.math.call",
+        "mycroft.stop",
+        "ovos.persona.tools.discover.response",
+        "speak.response",
+    ] {
+        let e = with(topic).unwrap_err();
+        assert!(e.message.contains("never starts a toolbox"), "{topic}: {e}");
+    }
+}

@@ -294,8 +294,10 @@ impl Actor {
     async fn on_command(&mut self, mode: Mode, command: Command) -> Mode {
         match (command, mode) {
             (Command::Refresh { requested, done }, mode) => {
-                if let Mode::Serving(running) = &mode {
-                    self.refresh(running, Some(requested)).await;
+                match &mode {
+                    Mode::Serving(running) => self.refresh(running, Some(requested)).await,
+                    Mode::Idle => self.recheck_cache(),
+                    _ => {}
                 }
                 let _ = done.send(());
                 mode

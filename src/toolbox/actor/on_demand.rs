@@ -115,6 +115,22 @@ impl Actor {
         }
     }
 
+    /// An idle toolbox asked to refresh its tools (a reload that left its
+    /// manifest unchanged): if its cached catalog no longer holds (its
+    /// executable or script changed), it waits for its turn to list them
+    /// again, still listed with the old ones meanwhile.
+    pub(super) fn recheck_cache(&mut self) {
+        if self.awaiting_listing || crate::catalog_cache::load(&self.manifest).is_some() {
+            return;
+        }
+        tracing::info!(
+            toolbox = self.id(),
+            "its cached catalog no longer holds (its executable or script changed): \
+             starting it once to list its tools"
+        );
+        self.awaiting_listing = true;
+    }
+
     /// Lists the toolbox from its cached catalog, idle; `None` when no
     /// cache holds for this manifest (or its tools no longer compile).
     fn list_from_cache(&mut self) -> Option<Mode> {
