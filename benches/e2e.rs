@@ -1498,13 +1498,15 @@ async fn bench(b: &mut Bench) {
     };
     let home = b.home.clone();
 
-    // 1 and 4 (embedded half): toolboxd -> compiled child vs bare echo, embedded bus.
+    // 1 and 4 (embedded half): toolboxd -> compiled child vs bare echo,
+    // embedded bus. Each side is measured alone on the bus: every client gets
+    // every frame, so a bystander (the other side, idle) would spend CPU on
+    // the measured side's traffic, on a machine with two cores.
     let bus = embedded_bus();
-    let d = b.daemon(&bus.url, "compiled", &compiled, 1, "");
-    let echo = echo_responder(&bus.url);
     let mut embedded_echo = Vec::new();
     let mut compiled_c8 = None;
     for conns in [1, 8] {
+        let echo = echo_responder(&bus.url);
         let e = b
             .load(
                 "1",
@@ -1515,6 +1517,8 @@ async fn bench(b: &mut Bench) {
                 echo.pid(),
             )
             .await;
+        drop(echo);
+        let d = b.daemon(&bus.url, "compiled", &compiled, 1, "");
         let t = b
             .load(
                 "1",
@@ -1525,6 +1529,7 @@ async fn bench(b: &mut Bench) {
                 d.pid(),
             )
             .await;
+        drop(d);
         b.rate_row(
             &format!("1-c{conns}-rate"),
             &format!("C={conns}: calls/s, toolboxd → compiled child ÷ bare echo responder (both Rust), embedded bus"),
@@ -1548,8 +1553,6 @@ async fn bench(b: &mut Bench) {
         embedded_echo.push(e);
         compiled_c8 = Some(t);
     }
-    drop(echo);
-    drop(d);
 
     // 2: toolboxd with Python children vs the Python service (its plugin in process), C=8.
     let mut s2 = Vec::new();
