@@ -197,9 +197,9 @@ fn main() -> ExitCode {
         toolboxd::keeper::install(exe);
     }
     init_logging(cli.log_format);
-    // One thread: children get a parent-death signal tied to the thread that
-    // spawned them, and a single-threaded runtime is also the faster one for a
-    // relay like this (see docs/architecture.md).
+    // One thread: a single-threaded runtime is the faster one for a relay
+    // like this (see docs/performance.md). Children are forked on spawner
+    // threads of their own (child/spawner.rs).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -362,7 +362,7 @@ impl Service {
             .listed()
             .map(|(_, entry)| {
                 let handle = entry.handle.clone();
-                async move { handle.refresh().await }
+                async move { handle.refresh(false).await }
             })
             .collect();
         let _ =

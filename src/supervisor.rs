@@ -230,7 +230,7 @@ impl Supervisor {
             registry.remove(h.id());
         });
         join_all(stops).await;
-        join_all(refresh.iter().map(|h| h.refresh())).await;
+        join_all(refresh.iter().map(|h| h.refresh(true))).await;
         self.admit();
         self.wait_started().await;
 

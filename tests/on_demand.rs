@@ -218,9 +218,14 @@ async fn a_changed_script_invalidates_the_cached_catalog() {
     let mut bus = Bus::connect(&daemon.url).await;
     assert_eq!(listed(&mut bus).await, ["ping", "pong"]);
 
-    // Changed under a running daemon: a reload (the manifest unchanged)
-    // checks the cache, and the toolbox is listed again.
+    // Changed under a running daemon: a discovery does not look (it would
+    // read every idle toolbox's cache file); a reload (the manifest
+    // unchanged) checks the cache, and the toolbox is listed again.
     lazy_toolbox(&dir, &["ping", "pong", "pang"], "mode = \"lazy\"");
+    let discovered = bus.request("ovos.persona.tools.discover", json!({})).await;
+    assert_eq!(discovered["data"]["toolbox_id"], "lazy", "{discovered}");
+    assert_eq!(listed(&mut bus).await, ["ping", "pong"]);
+    assert_eq!(daemon.log_lines_with("no longer holds").len(), 0);
     let (code, _, err) = daemon.ctl(&["reload"]);
     assert_eq!(code, 0, "{err}");
     let mut names = Vec::new();
@@ -320,4 +325,24 @@ async fn new_lazy_toolboxes_start_to_list_their_tools_a_few_at_a_time() {
     }
     assert_eq!(running, 0);
     assert!((1..=4).contains(&most), "{most} children at once");
+}
+
+#[tokio::test]
+async fn a_child_that_keeps_talking_is_still_stopped_when_idle() {
+    // News from the child (here a tools/list_changed every 30 ms) is not a
+    // call: it cannot put off the look at whether the child is idle.
+    let dir = TempDir::new("chatty");
+    dir.write(
+        "chatty.toml",
+        &format!(
+            "id = \"chatty\"\ncommand = \"python3\"\nargs = [\"{}\"]\n\
+             env = {{ FAULT = \"chatty\" }}\n[sandbox]\nread_only = [{:?}]\n\
+             [start]\nidle_stop_s = 1\n",
+            repo("tests/fixtures/faulty_toolbox.py"),
+            repo("examples/python"),
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let row = daemon.wait_for_state("chatty", "idle", Duration::from_secs(10));
+    assert_eq!(row["pids"], json!([]), "{row}");
 }

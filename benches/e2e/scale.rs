@@ -6,7 +6,8 @@
 //! by `toolboxd check --probe`, is copied to the others (the same command and
 //! working directory, so the same cache key). Measured: start → `ready`, one
 //! `ctl status --json` (its whole command), and SIGTERM → exit; and the
-//! daemon's memory with all of them listed.
+//! daemon's memory with all of them listed, against the same daemon with
+//! one.
 
 use super::*;
 
@@ -48,29 +49,20 @@ pub(super) fn scale(b: &mut Bench, bus: &Bus, compiled: &Variant) {
         }
     }
 
+    // The baseline: the same daemon with one of them.
+    let base = {
+        let (d, _) = lazy_daemon(bus, &one, &state, &dir.join("one.sock"));
+        b.memory("11", "toolboxd + 1 lazy toolbox", 1, d.pid())
+    };
+
     let socket = dir.join("ctl.sock");
     let started = Instant::now();
-    let mut child = Command::new(TOOLBOXD)
-        .args([
-            "--log-format",
-            "json",
-            "run",
-            "--bus",
-            &bus.url,
-            "--manifests",
-        ])
-        .arg(&manifests)
-        .arg("--control")
-        .arg(&socket)
-        .env("STATE_DIRECTORY", &state)
-        .env("RUST_LOG", "warn,toolboxd::daemon=info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting toolboxd run");
-    let stderr = child.stderr.take().expect("piped stderr");
-    let mut d = Proc(child);
-    let ready_line = wait_line(stderr, "\"message\":\"ready\"", "toolboxd run (11)");
+    let (mut d, ready_line) = lazy_daemon(bus, &manifests, &state, &socket);
     let ready = started.elapsed();
+    let memory = b.memory("11", "toolboxd + 10,000 lazy toolboxes", MANIFESTS, d.pid());
+    if memory.is_some_and(|m| m.tree != m.without_children) {
+        b.fail("11: a lazy toolbox has a process before its first call".into());
+    }
     let listed = serde_json::from_str::<Value>(&ready_line)
         .ok()
         .and_then(|l| l["tools"].as_u64());
@@ -109,10 +101,6 @@ pub(super) fn scale(b: &mut Bench, bus: &Bus, compiled: &Variant) {
         .get(took.len() / 2)
         .copied()
         .filter(|_| took.len() == 3);
-    let memory = b.memory("11", "toolboxd + 10,000 lazy toolboxes", MANIFESTS, d.pid());
-    if memory.is_some_and(|m| m.tree != m.without_children) {
-        b.fail("11: a lazy toolbox has a process before its first call".into());
-    }
 
     let t = Instant::now();
     let pid = nix::unistd::Pid::from_raw(d.pid() as i32);
@@ -145,10 +133,12 @@ pub(super) fn scale(b: &mut Bench, bus: &Bus, compiled: &Variant) {
         format!("{:.2} s", s(shutdown)),
         Target::at_most(2.0, "≤ 2 s"),
     );
-    let per = memory.map(|m| m.without_children * 1024.0 / MANIFESTS as f64);
+    let per = memory
+        .zip(base)
+        .map(|(m, b)| (m.without_children - b.without_children) * 1024.0 / (MANIFESTS - 1) as f64);
     b.row(
         "11-mem",
-        "the same: the daemon's memory (daemon + keeper) per lazy toolbox, in KiB",
+        "the same: the daemon's memory (daemon + keeper) per added lazy toolbox (1 → 10,000), in KiB",
         per,
         per.map_or("n/a".into(), |k| {
             format!(
@@ -172,4 +162,30 @@ pub(super) fn scale(b: &mut Bench, bus: &Bus, compiled: &Variant) {
         Err(e) => b.fail(format!("11: {TOOLBOXD}: {e}")),
     }
     drop(d);
+}
+
+/// toolboxd on `bus` with the lazy toolboxes of `manifests`, their catalogs
+/// cached in `state`; returns once it is ready, with its `ready` log line.
+fn lazy_daemon(bus: &Bus, manifests: &Path, state: &Path, socket: &Path) -> (Proc, String) {
+    let mut child = Command::new(TOOLBOXD)
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            "--bus",
+            &bus.url,
+            "--manifests",
+        ])
+        .arg(manifests)
+        .arg("--control")
+        .arg(socket)
+        .env("STATE_DIRECTORY", state)
+        .env("RUST_LOG", "warn,toolboxd::daemon=info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting toolboxd run");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let d = Proc(child);
+    let ready = wait_line(stderr, "\"message\":\"ready\"", "toolboxd run (11)");
+    (d, ready)
 }

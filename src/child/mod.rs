@@ -241,15 +241,18 @@ impl Child {
     ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
         let owned = manifest.clone();
         let forked = spawner::run(move || fork(&owned)).await;
-        let Forked {
-            mut process,
-            cgroup,
-            kept,
-            keeper,
-        } = forked.ok_or_else(|| SpawnError::Exec {
+        let mut forked = forked.ok_or_else(|| SpawnError::Exec {
             program: manifest.program.display().to_string(),
             source: std::io::Error::other("the spawn failed unexpectedly (a bug: see the log)"),
         })??;
+        let (cgroup, kept, keeper) = (forked.cgroup.take(), forked.kept.take(), forked.keeper);
+        // invariant: `fork` returns it, and only here is it taken.
+        let Some(mut process) = forked.process.take() else {
+            return Err(SpawnError::Exec {
+                program: manifest.program.display().to_string(),
+                source: std::io::Error::other("the spawn lost its process (a bug)"),
+            });
+        };
         let spawn_error = |source| SpawnError::Exec {
             program: manifest.program.display().to_string(),
             source,
@@ -418,16 +421,26 @@ impl Child {
     }
 }
 
-/// A forked child before the runtime takes it over.
+/// A forked child before the runtime takes it over; killed and reaped if
+/// dropped before (a spawn nobody waits for any more).
 struct Forked {
-    /// The process (its `std` handle only holds the pid once taken over).
-    process: std::process::Child,
+    /// The process, until taken over.
+    process: Option<std::process::Child>,
     /// Its cgroup, where one could be made and entered.
     cgroup: Option<crate::cgroup::Cgroup>,
     /// What it keeps of its sandbox.
     kept: Option<Box<crate::sandbox::Kept>>,
     /// The keeper that kills it if the daemon dies.
     keeper: Option<&'static crate::keeper::Keeper>,
+}
+
+impl Drop for Forked {
+    fn drop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            let _ = process.kill();
+            let _ = process.wait();
+        }
+    }
 }
 
 /// Plans the child's sandbox and forks it (blocking: runs on a spawner
@@ -484,7 +497,7 @@ fn fork(manifest: &Manifest) -> Result<Forked, SpawnError> {
         Err(plan) => Box::new(crate::sandbox::Kept::summary_only(plan.summary())),
     });
     Ok(Forked {
-        process,
+        process: Some(process),
         cgroup,
         kept,
         keeper,

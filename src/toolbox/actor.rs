@@ -214,9 +214,9 @@ impl Actor {
                     tracing::info!(toolbox = self.id(), "failed cool-down over; starting again");
                     self.budget.reset();
                     self.show(View::Starting, None);
-                    self.start(None).await
+                    self.start_again().await
                 }
-                _ => self.start(None).await,
+                _ => self.start_again().await,
             },
             Event::Wake => match mode {
                 Mode::Idle => {
@@ -261,23 +261,29 @@ impl Actor {
         commands: &mut mpsc::Receiver<Command>,
         running: &mut Running,
     ) -> Event {
-        let idle_check = running.idle_stop.map(|limit| {
-            let serving = running.serving.clone();
-            async move {
-                // Registered before `busy` is read, so a slot given back
-                // in between still wakes it.
-                let settled = serving.settled.notified();
-                if serving.busy() {
-                    settled.await;
-                } else {
-                    // Not sooner than IDLE_GRACE from now: a call on its
-                    // way to a slot keeps the child, and is looked at
-                    // again then, not in a loop.
+        let idle_check = match running.idle_stop {
+            Some(limit) => {
+                let serving = running.serving.clone();
+                // Not sooner than IDLE_GRACE from when it is armed: a call on
+                // its way to a slot keeps the child, and is looked at again
+                // then, not in a loop.
+                let due = *running.idle_due.get_or_insert_with(|| {
                     let due = (serving.last_active() + limit).max(Instant::now() + IDLE_GRACE);
-                    tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
-                }
+                    tokio::time::Instant::from_std(due)
+                });
+                Some(async move {
+                    // Registered before `busy` is read, so a slot given back
+                    // in between still wakes it.
+                    let settled = serving.settled.notified();
+                    if serving.busy() {
+                        settled.await;
+                    } else {
+                        tokio::time::sleep_until(due).await;
+                    }
+                })
             }
-        });
+            None => None,
+        };
         let refresh_due = running.refresh_due;
         tokio::select! {
             exit = running.child.exited() => Event::Exited(exit),
@@ -293,10 +299,17 @@ impl Actor {
     /// Carries out an operator's (or the registry's) command in `mode`.
     async fn on_command(&mut self, mode: Mode, command: Command) -> Mode {
         match (command, mode) {
-            (Command::Refresh { requested, done }, mode) => {
+            (
+                Command::Refresh {
+                    requested,
+                    at_reload,
+                    done,
+                },
+                mode,
+            ) => {
                 match &mode {
                     Mode::Serving(running) => self.refresh(running, Some(requested)).await,
-                    Mode::Idle => self.recheck_cache(),
+                    Mode::Idle if at_reload => self.recheck_cache(),
                     _ => {}
                 }
                 let _ = done.send(());
@@ -475,6 +488,7 @@ impl Actor {
             refresh_due: None,
             idle_stop: (self.manifest.start.idle_stop_s > 0)
                 .then(|| Duration::from_secs(self.manifest.start.idle_stop_s)),
+            idle_due: None,
             listing_turn: None,
         }
     }

@@ -124,6 +124,9 @@ enum Command {
     /// List the tools again; answered when the registry has the result.
     Refresh {
         requested: Instant,
+        /// Asked by a reload: an idle toolbox also checks its cached catalog
+        /// still holds (not at every discovery: that reads a file).
+        at_reload: bool,
         done: oneshot::Sender<()>,
     },
     /// Drain and stop the child.
@@ -446,8 +449,9 @@ impl ToolboxHandle {
     }
 
     /// Asks an actor (a serving instance's, if any) to list the tools again
-    /// and waits until it has (or the toolbox cannot: then it returns at once).
-    pub async fn refresh(&self) {
+    /// and waits until it has (or the toolbox cannot: then it returns at
+    /// once). `at_reload`: an idle toolbox also checks its cached catalog.
+    pub async fn refresh(&self, at_reload: bool) {
         let replica = self
             .replicas
             .iter()
@@ -456,6 +460,7 @@ impl ToolboxHandle {
         let (done, wait) = oneshot::channel();
         let cmd = Command::Refresh {
             requested: Instant::now(),
+            at_reload,
             done,
         };
         if replica.commands.send(cmd).await.is_ok() {

@@ -37,8 +37,12 @@ pub(super) struct Running {
     /// Stop it after this long without a call (`[start] idle_stop_s`; zero
     /// for the one listing start of a lazy toolbox with no cached catalog).
     pub(super) idle_stop: Option<Duration>,
-    /// The turn of a lazy toolbox's one listing start, held until this
-    /// child has stopped, so that few such children live at once.
+    /// When to look next at whether it is idle: fixed once armed, so that
+    /// news from the child cannot put the look off.
+    pub(super) idle_due: Option<tokio::time::Instant>,
+    /// The turn of a lazy toolbox's one listing start: held until this
+    /// child stops, or until the first look at its idleness finds it in use
+    /// (so that few such children live at once, and none keeps a turn).
     pub(super) listing_turn: Option<tokio::sync::SemaphorePermit<'static>>,
 }
 

@@ -28,6 +28,7 @@ impl Actor {
     /// Stops the serving child if no call has used it for its idle limit;
     /// the toolbox stays listed, as `idle`.
     pub(super) async fn idle_check(&mut self, mut running: Running) -> Mode {
+        running.idle_due = None;
         let Some(limit) = running.idle_stop else {
             return Mode::Serving(running);
         };
@@ -40,6 +41,8 @@ impl Actor {
             .load(std::sync::atomic::Ordering::Relaxed)
             > 0;
         if serving.busy() || waiting || serving.last_active().elapsed() < limit {
+            // In use: a listing start's turn goes to the next toolbox.
+            running.listing_turn = None;
             return Mode::Serving(running);
         }
         // A wake rung before now came from a caller that found the last
@@ -64,6 +67,7 @@ impl Actor {
     /// cache, one child is started to list its tools, and stopped as soon
     /// as no call uses it); any other starts its child.
     pub(super) async fn begin(&mut self, reply: Option<Reply>) -> Mode {
+        self.awaiting_listing = false;
         if self.manifest.start.mode != crate::manifest::StartMode::Lazy {
             return self.start(reply).await;
         }
@@ -83,6 +87,16 @@ impl Actor {
         self.awaiting_listing = true;
         self.show(View::Starting, None);
         Mode::Idle
+    }
+
+    /// The start after a backoff or a failed cool-down: a lazy toolbox
+    /// goes back to idle (listed from its cache, or waiting for its turn to
+    /// list), any other starts its child.
+    pub(super) async fn start_again(&mut self) -> Mode {
+        if self.manifest.start.mode == crate::manifest::StartMode::Lazy {
+            return self.begin(None).await;
+        }
+        self.start(None).await
     }
 
     /// Its turn to start once and list its tools, while it waits for one (a future for the
