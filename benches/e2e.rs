@@ -237,20 +237,34 @@ fn daemon(url: &str, dir: &Path) -> Proc {
 /// toolboxd on `url` with the manifests in `dir` and `flags` for `run`;
 /// returns once it is ready.
 fn daemon_with(url: &str, dir: &Path, flags: &[&str]) -> Proc {
+    daemon_env(url, dir, &dir.join("ctl.sock"), flags, &[]).0
+}
+
+/// toolboxd on `url` with the manifests in `dir`, its control socket at
+/// `socket`, `flags` for `run` and `env` set; returns once it is ready, with
+/// its `ready` log line.
+fn daemon_env(
+    url: &str,
+    dir: &Path,
+    socket: &Path,
+    flags: &[&str],
+    env: &[(&str, &Path)],
+) -> (Proc, String) {
     let mut child = Command::new(TOOLBOXD)
         .args(["--log-format", "json", "run", "--bus", url, "--manifests"])
         .arg(dir)
         .arg("--control")
-        .arg(dir.join("ctl.sock"))
+        .arg(socket)
         .args(flags)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn,toolboxd::daemon=info")
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting toolboxd run");
     let stderr = child.stderr.take().expect("piped stderr");
     let proc = Proc(child);
-    wait_line(stderr, "\"message\":\"ready\"", "toolboxd run");
-    proc
+    let ready = wait_line(stderr, "\"message\":\"ready\"", "toolboxd run");
+    (proc, ready)
 }
 
 /// This benchmark binary, as a bare echo responder on `url`.

@@ -111,26 +111,25 @@ pub(super) fn scale(b: &mut Bench, bus: &Bus, compiled: &Variant) {
         b.fail(format!("11: toolboxd did not exit cleanly: {exited:?}"));
     }
 
-    let s = |d: Duration| d.as_secs_f64();
-    b.row(
+    seconds_row(
+        b,
         "11-ready",
         "10,000 lazy toolboxes (cached catalogs): start → ready, every tool listed, in s",
-        Some(s(ready)),
-        format!("{:.2} s", s(ready)),
+        Some(ready),
         Target::at_most(3.0, "≤ 3 s"),
     );
-    b.row(
+    seconds_row(
+        b,
         "11-status",
         "the same: `toolboxd ctl status --json` (the whole command, median of 3), in s",
-        status.map(s),
-        status.map_or("n/a".into(), |t| format!("{:.3} s", s(t))),
+        status,
         Target::at_most(0.3, "≤ 0.3 s"),
     );
-    b.row(
+    seconds_row(
+        b,
         "11-shutdown",
         "the same: SIGTERM → exit, in s",
-        Some(s(shutdown)),
-        format!("{:.2} s", s(shutdown)),
+        Some(shutdown),
         Target::at_most(2.0, "≤ 2 s"),
     );
     let per = memory
@@ -167,25 +166,24 @@ pub(super) fn scale(b: &mut Bench, bus: &Bus, compiled: &Variant) {
 /// toolboxd on `bus` with the lazy toolboxes of `manifests`, their catalogs
 /// cached in `state`; returns once it is ready, with its `ready` log line.
 fn lazy_daemon(bus: &Bus, manifests: &Path, state: &Path, socket: &Path) -> (Proc, String) {
-    let mut child = Command::new(TOOLBOXD)
-        .args([
-            "--log-format",
-            "json",
-            "run",
-            "--bus",
-            &bus.url,
-            "--manifests",
-        ])
-        .arg(manifests)
-        .arg("--control")
-        .arg(socket)
-        .env("STATE_DIRECTORY", state)
-        .env("RUST_LOG", "warn,toolboxd::daemon=info")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting toolboxd run");
-    let stderr = child.stderr.take().expect("piped stderr");
-    let d = Proc(child);
-    let ready = wait_line(stderr, "\"message\":\"ready\"", "toolboxd run (11)");
-    (d, ready)
+    daemon_env(
+        &bus.url,
+        manifests,
+        socket,
+        &[],
+        &[("STATE_DIRECTORY", state)],
+    )
+}
+
+/// A row whose figure is a duration, in seconds.
+fn seconds_row(
+    b: &mut Bench,
+    id: &str,
+    what: &str,
+    took: Option<Duration>,
+    target: Option<Target>,
+) {
+    let value = took.map(|t| t.as_secs_f64());
+    let figure = value.map_or("n/a".into(), |v| format!("{v:.3} s"));
+    b.row(id, what, value, figure, target);
 }
