@@ -23,7 +23,7 @@
 //! - [`answers`]: how a call's outcome reads on the bus: result mapping and
 //!   every error text.
 //! - [`registry`]: the catalog of hosted toolboxes and their tools.
-//! - [`tool`]: one tool's bus definition and compiled schema validators.
+//! - [`tool`]: one tool's bus definition (kept serialized) and its schema validators (compiled at its first call).
 //! - [`supervisor`]: the set of toolbox actors; manifest reload as a diff.
 //! - [`toolbox`]: one actor per toolbox; where a child is started, probed,
 //!   restarted and stopped, and where calls wait for a child.

@@ -346,3 +346,36 @@ async fn a_child_that_keeps_talking_is_still_stopped_when_idle() {
     let row = daemon.wait_for_state("chatty", "idle", Duration::from_secs(10));
     assert_eq!(row["pids"], json!([]), "{row}");
 }
+
+#[tokio::test]
+async fn a_lazy_toolbox_whose_child_crashed_goes_back_to_idle() {
+    // Its child went down: after the backoff it is listed from its cache
+    // again, with no process (no child nobody asked for), and the next call
+    // starts one.
+    let dir = TempDir::new("lazy-crash");
+    let state = TempDir::new("lazy-crash-state");
+    dir.write(
+        "faulty.toml",
+        &format!(
+            "id = \"faulty\"\ncommand = \"python3\"\nargs = [\"{}\"]\n\
+             [sandbox]\nread_only = [{:?}]\n[restart]\nbackoff_initial_ms = 50\n\
+             [start]\nmode = \"lazy\"\n",
+            repo("tests/fixtures/faulty_toolbox.py"),
+            repo("examples/python"),
+        ),
+    );
+    let daemon = daemon_with_state(&dir, &state);
+    daemon.wait_for_state("faulty", "idle", Duration::from_secs(10));
+    let mut bus = Bus::connect(&daemon.url).await;
+    let first = bus.call("faulty", "whoami", json!({})).await;
+    assert!(first["result"]["pid"].is_u64(), "{first}");
+    let crashed = bus.call("faulty", "crash", json!({})).await;
+    assert!(crashed["error"].is_string(), "{crashed}");
+    wait_until("the crash is counted", Duration::from_secs(10), || {
+        daemon.status("faulty")["restarts"] == 1
+    });
+    let row = daemon.wait_for_state("faulty", "idle", Duration::from_secs(10));
+    assert_eq!(row["pids"], json!([]), "{row}");
+    let again = bus.call("faulty", "whoami", json!({})).await;
+    assert_ne!(again["result"]["pid"], first["result"]["pid"], "{again}");
+}
