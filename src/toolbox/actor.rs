@@ -180,13 +180,7 @@ impl Actor {
             },
             Event::Wedged => {
                 if let Mode::Serving(running) = &mut mode {
-                    let why = format!(
-                        "{} calls in a row ran past their deadline",
-                        self.manifest.limits.max_timeouts_in_a_row
-                    );
-                    let pid = running.child.pid();
-                    tracing::error!(toolbox = self.id(), pid, "{why}; killing the child");
-                    Self::kill(running, why);
+                    self.wedged(running);
                 }
                 mode
             }

@@ -11,6 +11,18 @@ use crate::toolbox::running::Running;
 const MAX_MISSED_PROBES: u32 = 3;
 
 impl Actor {
+    /// The serving child let too many calls in a row run past their
+    /// deadline: it is killed (and restarted).
+    pub(super) fn wedged(&self, running: &mut Running) {
+        let why = format!(
+            "{} calls in a row ran past their deadline",
+            self.manifest.limits.max_timeouts_in_a_row
+        );
+        let pid = running.child.pid();
+        tracing::error!(toolbox = self.id(), pid, "{why}; killing the child");
+        Self::kill(running, why);
+    }
+
     /// Kills the serving child because `why` (said again with its exit); the
     /// exit then restarts it.
     pub(super) fn kill(running: &mut Running, why: String) {
