@@ -98,6 +98,11 @@ impl Tool {
         })
     }
 
+    /// Compiles its validators now, if not yet (they are kept).
+    pub fn prepare(&self) -> Result<(), String> {
+        self.validators().map(|_| ())
+    }
+
     /// Its validators, compiled on first use.
     fn validators(&self) -> Result<&Validators, String> {
         self.validators

@@ -42,6 +42,9 @@ pub(super) async fn check_arguments(
             "the arguments are {bytes} bytes, more than max_argument_bytes ({max})"
         ));
     }
+    // Its validators compiled here, on this thread (as when it was listed),
+    // so that no call waits for a blocking thread to compile them.
+    tool.prepare()?;
     let tool = tool.clone();
     let checked = async move {
         // Held by the blocking thread until it is done, even past the budget.
