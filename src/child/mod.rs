@@ -240,11 +240,22 @@ impl Child {
         stderr_log: Arc<StderrLog>,
     ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
         let owned = manifest.clone();
-        let forked = spawner::run(move || fork(&owned)).await;
-        let mut forked = forked.ok_or_else(|| SpawnError::Exec {
+        let spawned = spawner::run(move || fork(&owned));
+        let failed = |why: &str| SpawnError::Exec {
             program: manifest.program.display().to_string(),
-            source: std::io::Error::other("the spawn failed unexpectedly (a bug: see the log)"),
-        })??;
+            source: std::io::Error::other(why.to_owned()),
+        };
+        // A spawn left behind is killed when it ends (`Forked`'s drop).
+        let mut forked = tokio::time::timeout(SPAWN_DEADLINE, spawned)
+            .await
+            .map_err(|_| {
+                failed(&format!(
+                    "it did not start within {} s (its executable or the file system it is on \
+                     may be hanging)",
+                    SPAWN_DEADLINE.as_secs()
+                ))
+            })?
+            .ok_or_else(|| failed("the spawn failed unexpectedly (a bug: see the log)"))??;
         let (cgroup, kept, keeper) = (forked.cgroup.take(), forked.kept.take(), forked.keeper);
         // invariant: `fork` returns it, and only here is it taken.
         let Some(mut process) = forked.process.take() else {
@@ -420,6 +431,11 @@ impl Child {
         self.exited().await
     }
 }
+
+/// Longest wait for a spawn (the sandbox plan, the fork, the child's set-up
+/// and its `exec`): an executable on a hung file system must not hold a
+/// start, and so the daemon's shutdown, for ever.
+const SPAWN_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A forked child before the runtime takes it over; killed and reaped if
 /// dropped before (a spawn nobody waits for any more).
