@@ -20,8 +20,8 @@ const LISTINGS_AT_ONCE: usize = 4;
 /// The turns of [`LISTINGS_AT_ONCE`].
 static LISTING_TURNS: Semaphore = Semaphore::const_new(LISTINGS_AT_ONCE);
 
-/// A lazy toolbox's turn to start once, held until that child stops
-/// (never `Err`: the semaphore is never closed).
+/// A lazy toolbox's turn to start once, held until that child stops or is
+/// found in use (never `Err`: the semaphore is never closed).
 pub(super) type ListingTurn = Result<SemaphorePermit<'static>, AcquireError>;
 
 impl Actor {
