@@ -1,12 +1,16 @@
-//! What `toolboxd ctl` tells an operator about a toolbox's children: their
-//! recent stderr (`ctl logs`), the stderr tail in the answer to a failed
-//! start or restart, what their process trees use (`ctl status`).
+//! What `toolboxd ctl` and the log tell an operator about a toolbox's
+//! children: their recent stderr (`ctl logs`), the stderr tail in the answer
+//! to a failed start or restart, what their process trees use (`ctl
+//! status`), and the toolbox and pid on every log line about them.
 
 mod common;
 
-use serde_json::json;
+use std::collections::HashMap;
+use std::time::Duration;
 
-use common::{fixture_manifest, repo, wait_until, Bus, Daemon, TempDir, ANSWER_DEADLINE};
+use serde_json::{json, Value};
+
+use common::{fixture_manifest, pid_of, repo, wait_until, Bus, Daemon, TempDir, ANSWER_DEADLINE};
 
 #[tokio::test]
 async fn ctl_logs_prints_the_recent_stderr_of_a_toolbox_across_restarts() {
@@ -177,4 +181,170 @@ async fn ctl_status_sums_memory_and_cpu_over_the_childs_whole_tree() {
         ),
         "{stopped}"
     );
+}
+
+#[tokio::test]
+async fn every_log_line_about_a_toolbox_carries_toolbox_and_its_pid() {
+    let dir = TempDir::new("log-fields");
+    let flag = dir.write("refuse", "");
+    dir.write(
+        "tbx.toml",
+        &fixture_manifest("tbx", "[restart]\nbackoff_initial_ms = 50\n"),
+    );
+    // A toolbox whose only start fails (its stderr says why).
+    dir.write(
+        "broken.toml",
+        &fixture_manifest(
+            "broken",
+            &format!(
+                "env = {{ FAIL_IF_EXISTS = \"{}\" }}\n[restart]\nmax_restarts = 0\n",
+                flag.display()
+            ),
+        ),
+    );
+    let mut daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(daemon.status("broken")["state"], "failed");
+    let first = pid_of(&daemon, "tbx");
+    let said = bus
+        .call(
+            "tbx",
+            "log_stderr",
+            json!({"text": "words of the first child"}),
+        )
+        .await;
+    assert!(said["result"]["pid"].is_u64(), "{said}");
+    // A crash (the whole group killed), and the restart.
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(first as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    common::wait_until("tbx restarted", Duration::from_secs(10), || {
+        let row = daemon.status("tbx");
+        row["state"] == "ready" && row["pids"][0].as_u64().is_some_and(|p| p != first)
+    });
+    let second = pid_of(&daemon, "tbx");
+    bus.call(
+        "tbx",
+        "log_stderr",
+        json!({"text": "words of the second child"}),
+    )
+    .await;
+    // An operator's restart, then the daemon's stop.
+    let (code, out, err) = daemon.ctl(&["restart", "tbx"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let third = pid_of(&daemon, "tbx");
+    daemon.wait_for_log("child stopped", 1, Duration::from_secs(10));
+    assert!(daemon.stop().success());
+
+    let lines: Vec<Value> = daemon
+        .logs
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    // The daemon's own lines; every other one is about a toolbox.
+    let daemon_wide = [
+        "embedded bus listening",
+        "control socket listening",
+        "connected to the bus",
+        "taking calls; waiting for the toolboxes to finish starting",
+        "ready",
+        "shutting down: draining calls and stopping toolboxes",
+        "stopped",
+        "peer check done: ids other hosts also answer for",
+    ];
+    let mut spawned: HashMap<String, Vec<u64>> = HashMap::new();
+    for line in &lines {
+        let message = line["message"].as_str().unwrap_or_default();
+        if daemon_wide.contains(&message) {
+            continue;
+        }
+        let toolbox = line["toolbox"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no toolbox field: {line}"));
+        assert!(["tbx", "broken"].contains(&toolbox), "{line}");
+        if message == "child spawned" {
+            spawned
+                .entry(toolbox.to_owned())
+                .or_default()
+                .push(line["pid"].as_u64().unwrap_or_else(|| panic!("{line}")));
+        }
+    }
+    assert_eq!(spawned["tbx"], [first, second, third], "{spawned:?}");
+    // (A child that dies during the era probe is started once more, as legacy.)
+    assert!(!spawned["broken"].is_empty(), "{spawned:?}");
+    // Lines about one child carry its pid.
+    let about_a_child = |line: &Value| {
+        let message = line["message"].as_str().unwrap_or_default();
+        line["target"] == "toolboxd::stderr"
+            || [
+                "child spawned",
+                "toolbox ready",
+                "child exited",
+                "child stopped",
+            ]
+            .iter()
+            .any(|m| message.starts_with(m))
+    };
+    let with_pid = |toolbox: &str, text: &str| -> Vec<u64> {
+        lines
+            .iter()
+            .filter(|l| l["toolbox"] == toolbox)
+            .filter(|l| l["message"].as_str().is_some_and(|m| m.starts_with(text)))
+            .map(|l| l["pid"].as_u64().unwrap_or_else(|| panic!("no pid: {l}")))
+            .collect()
+    };
+    for line in lines.iter().filter(|l| about_a_child(l)) {
+        let pid = line["pid"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no pid: {line}"));
+        let toolbox = line["toolbox"].as_str().unwrap();
+        assert!(
+            spawned[toolbox].contains(&pid),
+            "not one of its children: {line}"
+        );
+    }
+    assert_eq!(with_pid("tbx", "words of the first child"), [first]);
+    assert_eq!(with_pid("tbx", "words of the second child"), [second]);
+    assert_eq!(with_pid("tbx", "child exited (signal 9)"), [first]);
+    let mut stopped = with_pid("tbx", "child stopped");
+    stopped.sort();
+    let mut expected = vec![second, third];
+    expected.sort();
+    assert_eq!(stopped, expected);
+    assert_eq!(with_pid("tbx", "toolbox ready"), [first, second, third]);
+    assert_eq!(
+        with_pid("broken", "refusing to start: FAIL_IF_EXISTS exists"),
+        spawned["broken"]
+    );
+    // The toolbox-wide lines of the crash and the failure name the toolbox.
+    let named = |toolbox: &str, text: &str| {
+        lines.iter().any(|l| {
+            l["toolbox"] == toolbox && l["message"].as_str().is_some_and(|m| m.contains(text))
+        })
+    };
+    assert!(named("tbx", "restarting after the child exited (signal 9)"));
+    assert!(named("broken", "failed: "));
+}
+
+#[test]
+fn the_unknown_mcp_version_warning_carries_toolbox_and_pid() {
+    let dir = TempDir::new("odd-version");
+    dir.write(
+        "odd.toml",
+        &fixture_manifest(
+            "odd",
+            "protocol = \"2025-06-18\"\nenv = { INITIALIZE_VERSION = \"2099-01-01\" }",
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let row = daemon.status("odd");
+    assert_eq!(row["era"], "legacy MCP 2099-01-01", "{row}");
+    let lines = daemon.log_lines_with("unknown to toolboxd");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["toolbox"], "odd", "{}", lines[0]);
+    assert_eq!(lines[0]["pid"], row["pids"][0], "{}", lines[0]);
 }

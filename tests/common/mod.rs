@@ -348,6 +348,11 @@ pub struct Bus {
 
 static MARKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// The first pid `ctl status` shows for toolbox `id`.
+pub fn pid_of(daemon: &Daemon, id: &str) -> u64 {
+    daemon.status(id)["pids"][0].as_u64().unwrap()
+}
+
 /// A process's resident memory, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
