@@ -16,14 +16,20 @@ fn manifest(id: &str, extra: &str) -> String {
     )
 }
 
+/// The task fixture twice in `dir`: `legacy` (pinned to MCP 2025-11-25) and
+/// `modern`, both with `extra` manifest lines.
+fn both_eras(dir: &TempDir, extra: &str) {
+    dir.write(
+        "legacy.toml",
+        &manifest("legacy", &format!("protocol = \"2025-11-25\"\n{extra}")),
+    );
+    dir.write("modern.toml", &manifest("modern", extra));
+}
+
 #[tokio::test]
 async fn task_tools_are_answered_over_the_bus_in_each_era() {
     let dir = TempDir::new("tasks");
-    dir.write(
-        "legacy.toml",
-        &manifest("legacy", "protocol = \"2025-11-25\""),
-    );
-    dir.write("modern.toml", &manifest("modern", ""));
+    both_eras(&dir, "");
     dir.write("old.toml", &manifest("old", "protocol = \"2025-06-18\""));
     let daemon = Daemon::start(dir.path());
     for (id, era) in [
@@ -82,11 +88,7 @@ async fn task_tools_are_answered_over_the_bus_in_each_era() {
 async fn a_task_past_its_deadline_is_cancelled_and_gives_its_slot_back() {
     let dir = TempDir::new("tasks-cancel");
     let limits = "[limits]\nmax_concurrent_calls = 1\n[limits.tool_timeouts]\nforever = 1";
-    dir.write(
-        "legacy.toml",
-        &manifest("legacy", &format!("protocol = \"2025-11-25\"\n{limits}")),
-    );
-    dir.write("modern.toml", &manifest("modern", limits));
+    both_eras(&dir, limits);
     let daemon = Daemon::start(dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
     for (n, id) in ["legacy", "modern"].into_iter().enumerate() {
@@ -148,11 +150,7 @@ async fn a_progress_flood_is_coalesced_within_the_rate() {
 async fn a_stop_cancels_a_task_on_the_child() {
     let dir = TempDir::new("tasks-stop");
     let limits = "[limits]\nmax_concurrent_calls = 1";
-    dir.write(
-        "legacy.toml",
-        &manifest("legacy", &format!("protocol = \"2025-11-25\"\n{limits}")),
-    );
-    dir.write("modern.toml", &manifest("modern", limits));
+    both_eras(&dir, limits);
     let daemon = Daemon::start(dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
     // Legacy waits on tasks/result, modern polls tasks/get: either request

@@ -241,51 +241,37 @@ impl Child {
     ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
         let owned = manifest.clone();
         let spawned = spawner::run(move || fork(&owned));
-        let failed = |why: &str| SpawnError::Exec {
+        let exec_error = |source| SpawnError::Exec {
             program: manifest.program.display().to_string(),
-            source: std::io::Error::other(why.to_owned()),
+            source,
         };
+        let failed = |why: String| exec_error(std::io::Error::other(why));
         // A spawn left behind is killed when it ends (`Forked`'s drop).
         let mut forked = tokio::time::timeout(SPAWN_DEADLINE, spawned)
             .await
             .map_err(|_| {
-                failed(&format!(
+                failed(format!(
                     "it did not start within {} s (its executable or the file system it is on \
                      may be hanging)",
                     SPAWN_DEADLINE.as_secs()
                 ))
             })?
-            .ok_or_else(|| failed("the spawn failed unexpectedly (a bug: see the log)"))??;
-        let (cgroup, kept, keeper) = (forked.cgroup.take(), forked.kept.take(), forked.keeper);
-        // invariant: `fork` returns it, and only here is it taken.
-        let Some(mut process) = forked.process.take() else {
-            return Err(SpawnError::Exec {
-                program: manifest.program.display().to_string(),
-                source: std::io::Error::other("the spawn lost its process (a bug)"),
-            });
-        };
-        let spawn_error = |source| SpawnError::Exec {
-            program: manifest.program.display().to_string(),
-            source,
+            .ok_or_else(|| failed("the spawn failed unexpectedly (a bug: see the log)".into()))??;
+        // invariant: `fork` returns it with its process; only here is it taken.
+        let Some(process) = forked.process.as_mut() else {
+            return Err(failed("the spawn lost its process (a bug)".into()));
         };
         let pid = process.id();
-        let pipes = async_pipes(&mut process);
-        let (stdin, stdout, stderr) = match pipes {
-            Ok(pipes) => pipes,
-            Err(e) => {
-                // Nothing serves it: end it (it is not reaped yet, so its pid
-                // is its own) and reap it.
-                let _ = process.kill();
-                let _ = process.wait();
-                return Err(spawn_error(e));
-            }
-        };
-        if let Some(keeper) = keeper {
+        // On an error, `forked` is dropped: nothing serves the child, so it
+        // is ended and reaped (its pid is still its own).
+        let (stdin, stdout, stderr) = async_pipes(process).map_err(exec_error)?;
+        if let Some(keeper) = forked.keeper {
             keeper.watch(pid);
         }
-        // The `std` handle only holds the pid now; dropping it neither kills
-        // nor reaps the process.
-        drop(process);
+        // Taken over: the `std` handle only holds the pid now; dropping it
+        // neither kills nor reaps the process.
+        drop(forked.process.take());
+        let (cgroup, kept, keeper) = (forked.cgroup.take(), forked.kept.take(), forked.keeper);
         let group = Arc::new(Group::new(pid));
 
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();

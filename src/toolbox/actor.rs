@@ -144,9 +144,10 @@ impl Actor {
     /// The actor's one loop: wait for the next event, act on it, repeat
     /// until every handle is gone.
     ///
-    /// Each wait and each step is boxed while it runs: between events, an
-    /// actor (one per toolbox, most of them idle) holds only its state, not
-    /// room for the largest step it could take.
+    /// Each step is boxed while it runs, and a serving child's wait too
+    /// ([`Self::next_event`]): between events, an actor (one per toolbox,
+    /// most of them idle) holds only its state and a small wait, not room
+    /// for the largest step it could take.
     pub(super) async fn run(mut self) {
         let mut mode = if self.manifest.enabled {
             Box::pin(self.begin(None)).await
@@ -154,7 +155,7 @@ impl Actor {
             self.stopped()
         };
         loop {
-            let event = Box::pin(self.next_event(&mut mode)).await;
+            let event = self.next_event(&mut mode).await;
             let Some(next) = Box::pin(self.on_event(mode, event)).await else {
                 return;
             };
@@ -568,8 +569,11 @@ impl Actor {
         let limit = Duration::from_secs(self.manifest.limits.call_timeout_s);
         let max_bytes = self.manifest.limits.max_message_bytes;
         match running.serving.session.list_tools(limit, max_bytes).await {
-            Ok((specs, _)) if self.last_specs == Some(mcp::tools_fingerprint(&specs)) => {}
             Ok((specs, mut problems)) => {
+                let fingerprint = mcp::tools_fingerprint(&specs);
+                if self.last_specs.as_ref() == Some(&fingerprint) {
+                    return;
+                }
                 let (tools, rejected) = ToolSet::compile(&self.manifest.id, specs.clone());
                 if let Err(why) = tools.fits_on_the_bus() {
                     tracing::error!(
@@ -586,7 +590,7 @@ impl Actor {
                     let version = running.serving.session.era().version();
                     crate::catalog_cache::store(&self.manifest, version, &specs);
                 }
-                self.last_specs = Some(mcp::tools_fingerprint(&specs));
+                self.last_specs = Some(fingerprint);
                 let tools = Arc::new(tools);
                 tracing::info!(
                     toolbox = self.id(),
