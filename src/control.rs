@@ -161,6 +161,12 @@ fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
             return Err(format!("pid {pid} runs inside a toolbox"));
         }
     }
+    // Also where a child runs outside its cgroup (one the kernel refused
+    // it): whatever the daemon started is a toolbox's.
+    let peer = u32::try_from(pid).unwrap_or(0);
+    if crate::proctree::descends_from(peer, std::process::id()) {
+        return Err(format!("pid {pid} was started by the daemon (a toolbox's)"));
+    }
     Ok(())
 }
 

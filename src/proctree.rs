@@ -57,6 +57,21 @@ struct Stat {
     cpu: Duration,
 }
 
+/// Whether process `pid` was started by `ancestor`, or by a process it
+/// started, and so on (at most 64 generations up; a process reparented to
+/// init after its parent died is no longer counted).
+pub fn descends_from(pid: u32, ancestor: u32) -> bool {
+    let mut pid = pid;
+    for _ in 0..64 {
+        match read_stat(pid) {
+            Some(stat) if stat.ppid == ancestor => return true,
+            Some(stat) if stat.ppid > 1 => pid = stat.ppid,
+            _ => return false,
+        }
+    }
+    false
+}
+
 /// Reads /proc/PID/stat; `None` if the process is gone.
 fn read_stat(pid: u32) -> Option<Stat> {
     parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
@@ -184,6 +199,33 @@ mod tests {
         .collect();
         let tree: Vec<u32> = descendants(&table, 10).into_iter().collect();
         assert_eq!(tree, [10, 11, 12, 13, 14]);
+    }
+
+    #[test]
+    fn a_child_and_its_child_descend_from_this_process_and_not_the_reverse() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5 & wait"])
+            .spawn()
+            .unwrap();
+        let me = std::process::id();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let grandchild = loop {
+            let found = scan_proc()
+                .into_iter()
+                .find(|(_, stat)| stat.ppid == child.id())
+                .map(|(pid, _)| pid);
+            if let Some(pid) = found {
+                break pid;
+            }
+            assert!(std::time::Instant::now() < deadline, "no grandchild");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(descends_from(child.id(), me));
+        assert!(descends_from(grandchild, me));
+        assert!(!descends_from(me, child.id()));
+        assert!(!descends_from(me, me));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]
