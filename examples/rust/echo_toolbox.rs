@@ -89,8 +89,24 @@ fn main() {
         let _ = out.write_all(line.as_bytes());
         let _ = out.flush();
     };
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
+    // Answers to the lines already read are written together, once no more
+    // input is waiting: one write (one wake-up of the reader) per burst.
+    // (Its own buffer, larger than stdin's, so reads bypass that one.)
+    let mut input = std::io::BufReader::with_capacity(1 << 16, std::io::stdin().lock());
+    let mut answers: Vec<u8> = Vec::new();
+    let mut line = String::new();
+    loop {
+        if input.buffer().is_empty() && !answers.is_empty() {
+            let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = out.write_all(&answers);
+            let _ = out.flush();
+            answers.clear();
+        }
+        line.clear();
+        match input.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
         let Ok(msg) = serde_json::from_str::<Value>(&line) else {
             continue;
         };
@@ -153,6 +169,7 @@ fn main() {
             _ => json!({"jsonrpc": "2.0", "id": id,
                         "error": {"code": -32601, "message": format!("method not found: {method}")}}),
         };
-        send(&out, answer);
+        answers.extend_from_slice(answer.to_string().as_bytes());
+        answers.push(b'\n');
     }
 }
