@@ -8,6 +8,7 @@
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use super::SandboxError;
 use crate::manifest::Sandbox;
@@ -139,13 +140,10 @@ fn write(file: &Path, value: u64) -> Result<(), SandboxError> {
 /// A new v1 group of `controller` for a child of toolbox `id`, below the
 /// daemon's own group: `<mount>/<own>/toolboxd-<pid>/<id>-<n>`.
 fn v1_group(id: &str, controller: &str) -> Result<PathBuf, String> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("cannot read /proc/self/mountinfo: {e}"))?;
-    let mount = v1_mount(&mountinfo, controller)
+    let (mountinfo, own) = proc_view()?;
+    let mount = v1_mount(mountinfo, controller)
         .ok_or_else(|| format!("no {controller} controller is available to the daemon"))?;
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .map_err(|e| format!("cannot read /proc/self/cgroup: {e}"))?;
-    let own = v1_path(&own, controller)
+    let own = v1_path(own, controller)
         .ok_or_else(|| format!("the daemon is in no {controller} cgroup"))?;
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let daemon = mount
@@ -160,6 +158,21 @@ fn v1_group(id: &str, controller: &str) -> Result<PathBuf, String> {
     let dir = daemon.join(format!("{id}-{n}"));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     Ok(dir)
+}
+
+/// The daemon's /proc/self/mountinfo and /proc/self/cgroup, read at its
+/// first v1 group and kept (a failed read is tried again next time): every
+/// child's limits were reading both, a walk of every mount in the kernel,
+/// and the daemon's groups stay where it made them.
+fn proc_view() -> Result<&'static (String, String), String> {
+    static VIEW: OnceLock<(String, String)> = OnceLock::new();
+    if let Some(view) = VIEW.get() {
+        return Ok(view);
+    }
+    let read =
+        |path: &str| std::fs::read_to_string(path).map_err(|e| format!("cannot read {path}: {e}"));
+    let view = (read("/proc/self/mountinfo")?, read("/proc/self/cgroup")?);
+    Ok(VIEW.get_or_init(|| view))
 }
 
 /// The mount point of the v1 hierarchy holding `controller`.
