@@ -203,9 +203,9 @@ fn delegated(dir: &Path) -> bool {
 }
 
 /// Moves the calling process into the cgroup whose `cgroup.procs` is `procs`
-/// ([`Cgroup::entry`]). Made for a `pre_exec` closure: it only opens, writes
-/// and closes, which are async-signal-safe.
-pub fn enter(procs: &CString) -> std::io::Result<()> {
+/// ([`Cgroup::entry`]). Made for a child before its exec (`child/exec.rs`):
+/// it only opens, writes and closes.
+pub fn enter(procs: &std::ffi::CStr) -> std::io::Result<()> {
     // SAFETY: a NUL-terminated path and a one-byte buffer that outlive the calls.
     unsafe {
         let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
@@ -228,7 +228,7 @@ impl Cgroup {
         &self.dir
     }
 
-    /// What a child needs to enter this cgroup between fork and exec ([`enter`]).
+    /// What a child needs to enter this cgroup before its exec ([`enter`]).
     pub fn entry(&self) -> CString {
         self.procs.clone()
     }

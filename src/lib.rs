@@ -36,7 +36,7 @@
 //! - [`keeper`]: the one helper process that makes everything a toolbox
 //!   started die with the daemon, even a SIGKILLed one.
 //! - [`sandbox`]: confinement of a toolbox's child (the standard profile),
-//!   prepared before fork, applied between fork and exec.
+//!   prepared in the daemon, applied in the child before its exec.
 //! - [`cgroup`]: a cgroup per toolbox child where the kernel allows, so a
 //!   toolbox's whole tree (`setsid` included) ends with it.
 //! - [`mcp`]: JSON-RPC and MCP model types (pure).

@@ -75,6 +75,7 @@ async fn a_child_sees_only_its_allow_list_env_and_secrets() {
     );
     let mut bus = Bus::connect(&daemon.url).await;
     let seen = inspect(&mut bus, "box", json!({})).await;
+    assert_eq!(seen["pdeathsig"], libc::SIGKILL, "dies with the daemon");
     let env = seen["env"].as_object().unwrap();
     let names: BTreeSet<&str> = env.keys().map(String::as_str).collect();
     assert!(!names.contains("DAEMON_SECRET"), "{names:?}");
@@ -409,6 +410,8 @@ async fn a_toolbox_runs_as_its_own_user_when_the_daemon_is_root() {
     let mut bus = Bus::connect(&daemon.url).await;
     let seen = inspect(&mut bus, "box", json!({})).await;
     let pid = seen["pid"].as_u64().expect("the child answers");
+    // A change of user clears the parent-death signal: it is set again after.
+    assert_eq!(seen["pdeathsig"], libc::SIGKILL, "{seen}");
     let ids = |field: &str| -> Vec<String> {
         status_field(pid, field)
             .split_whitespace()

@@ -12,6 +12,7 @@
 //! daemon's keeper ([`crate::keeper`]) kills its group and cgroup if toolboxd
 //! is killed outright.
 
+mod exec;
 mod group;
 mod logs;
 mod rpc;
@@ -20,8 +21,9 @@ mod spawner;
 pub use logs::{LogLine, StderrLog, LOG_LINES};
 pub use rpc::{PastDeadline, ProgressSender, ProgressWatch, RpcFailure, RpcHandle};
 
+use std::ffi::OsString;
 use std::fmt;
-use std::process::{Command, Stdio};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -144,68 +146,84 @@ pub fn raise_descriptor_limit() -> std::io::Result<libc::rlim_t> {
     Ok(limit.rlim_max)
 }
 
-/// The manifest's command, with piped stdio, in a process group of its own,
-/// with a parent-death signal, entering the cgroup whose `cgroup.procs` is
-/// `enter` (if any) before it runs. A `std` command, not tokio's: tokio
-/// would reap the process on its own, and only [`group`] may.
+/// The manifest's command as [`exec`] starts it: the program, its
+/// arguments, the child's whole environment (the sandbox's, or the daemon's
+/// with the manifest's `env`, or only that with `env_clear`) and directory.
 fn command(
     manifest: &Manifest,
-    enter: Option<std::ffi::CString>,
-    sandbox: Option<Arc<crate::sandbox::Plan>>,
-) -> Command {
-    use std::os::unix::process::CommandExt;
-    let parent = std::process::id();
-    let nofile = INHERITED_NOFILE.get().copied();
-    let mut cmd = Command::new(&manifest.program);
-    cmd.args(&manifest.args)
-        .current_dir(&manifest.cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    match &sandbox {
-        Some(plan) => plan.configure(&mut cmd),
+    sandbox: Option<&crate::sandbox::Plan>,
+) -> std::io::Result<exec::Command> {
+    let env: Vec<(OsString, OsString)> = match sandbox {
+        Some(plan) => plan.env().to_vec(),
         None => {
-            if manifest.env_clear {
-                cmd.env_clear();
-            }
-            cmd.envs(&manifest.env);
+            let mut env: Vec<(OsString, OsString)> = if manifest.env_clear {
+                Vec::new()
+            } else {
+                std::env::vars_os()
+                    .filter(|(key, _)| !manifest.env.contains_key(key.to_string_lossy().as_ref()))
+                    .collect()
+            };
+            env.extend(manifest.env.iter().map(|(k, v)| (k.into(), v.into())));
+            env
         }
-    }
-    // SAFETY: the closure runs between fork and exec and calls only
-    // async-signal-safe functions (prctl, getppid, _exit, setrlimit, open,
-    // write, close).
-    unsafe {
-        cmd.pre_exec(move || {
-            // Die with the daemon. The signal fires when the *thread* that
-            // forked exits; children are forked on the spawner threads,
-            // which live as long as the daemon ([`spawner`]).
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+    };
+    exec::Command::new(
+        &manifest.program,
+        manifest.args.iter().map(String::as_str),
+        &env,
+        &manifest.cwd,
+    )
+}
+
+/// What the child does last before `exec`, entering the cgroup whose
+/// `cgroup.procs` is `enter` (if any): a parent-death signal, its descriptor
+/// limit, its cgroups, its sandbox. System calls only ([`exec`]'s rules).
+fn steps<'a>(
+    enter: Option<&'a std::ffi::CStr>,
+    sandbox: Option<&'a crate::sandbox::Plan>,
+) -> impl Fn() -> std::io::Result<()> + Sync + 'a {
+    let daemon = std::process::id();
+    let nofile = INHERITED_NOFILE.get().copied();
+    move || {
+        die_with_the_daemon(daemon)?;
+        if let Some((soft, hard)) = nofile {
+            let limit = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: setrlimit reads the struct it is given.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if libc::getppid() as u32 != parent {
-                libc::_exit(1);
-            }
-            if let Some((soft, hard)) = nofile {
-                let limit = libc::rlimit {
-                    rlim_cur: soft,
-                    rlim_max: hard,
-                };
-                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if let Some(enter) = &enter {
-                crate::cgroup::enter(enter)?;
-            }
-            // Last: it may drop to another user, and forbids new privileges.
-            if let Some(plan) = &sandbox {
-                plan.apply_in_child()?;
-            }
-            Ok(())
-        });
+        }
+        if let Some(enter) = enter {
+            crate::cgroup::enter(enter)?;
+        }
+        // Last: it may drop to another user, and forbids new privileges.
+        if let Some(plan) = sandbox {
+            plan.apply_in_child()?;
+            // A change of user clears the parent-death signal: set again.
+            die_with_the_daemon(daemon)?;
+        }
+        Ok(())
     }
-    cmd
+}
+
+/// The child's parent-death signal, then a check that the daemon (pid
+/// `daemon`) was not already gone. The signal fires when the *thread* that
+/// started the child exits; children are started on the spawner threads,
+/// which live as long as the daemon ([`spawner`]).
+fn die_with_the_daemon(daemon: u32) -> std::io::Result<()> {
+    // SAFETY: prctl and getppid are plain system calls; _exit ends only the child.
+    unsafe {
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::getppid() as u32 != daemon {
+            libc::_exit(1);
+        }
+    }
+    Ok(())
 }
 
 /// A running child process. Dropping it kills the process group.
@@ -234,20 +252,20 @@ impl Child {
     /// Spawns the manifest's command with piped stdio, in its own process group;
     /// its stderr lines go to `stderr` (the toolbox's log) as well as to the
     /// daemon's log. Returns the child and the receiver of its events (closed
-    /// when it exits). The fork happens on a spawner thread ([`spawner`]).
+    /// when it exits). The child is started on a spawner thread ([`spawner`]).
     pub async fn spawn(
         manifest: &Manifest,
         stderr_log: Arc<StderrLog>,
     ) -> Result<(Child, mpsc::UnboundedReceiver<ChildEvent>), SpawnError> {
         let owned = manifest.clone();
-        let spawned = spawner::run(move || fork(&owned));
+        let spawned = spawner::run(move || start(&owned));
         let exec_error = |source| SpawnError::Exec {
             program: manifest.program.display().to_string(),
             source,
         };
         let failed = |why: String| exec_error(std::io::Error::other(why));
-        // A spawn left behind is killed when it ends (`Forked`'s drop).
-        let mut forked = tokio::time::timeout(SPAWN_DEADLINE, spawned)
+        // A spawn left behind is killed when it ends (`Started`'s drop).
+        let mut started = tokio::time::timeout(SPAWN_DEADLINE, spawned)
             .await
             .map_err(|_| {
                 failed(format!(
@@ -257,21 +275,19 @@ impl Child {
                 ))
             })?
             .ok_or_else(|| failed("the spawn failed unexpectedly (a bug: see the log)".into()))??;
-        // invariant: `fork` returns it with its process; only here is it taken.
-        let Some(process) = forked.process.as_mut() else {
+        // invariant: `start` returns it with its process; only here is it taken.
+        let (Some(pid), Some(pipes)) = (started.pid, started.pipes.take()) else {
             return Err(failed("the spawn lost its process (a bug)".into()));
         };
-        let pid = process.id();
-        // On an error, `forked` is dropped: nothing serves the child, so it
+        // On an error, `started` is dropped: nothing serves the child, so it
         // is ended and reaped (its pid is still its own).
-        let (stdin, stdout, stderr) = async_pipes(process).map_err(exec_error)?;
-        if let Some(keeper) = forked.keeper {
+        let (stdin, stdout, stderr) = async_pipes(pipes).map_err(exec_error)?;
+        // Taken over: from here on, the child's `group` ends and reaps it.
+        started.pid = None;
+        if let Some(keeper) = started.keeper {
             keeper.watch(pid);
         }
-        // Taken over: the `std` handle only holds the pid now; dropping it
-        // neither kills nor reaps the process.
-        drop(forked.process.take());
-        let (cgroup, kept, keeper) = (forked.cgroup.take(), forked.kept.take(), forked.keeper);
+        let (cgroup, kept, keeper) = (started.cgroup.take(), started.kept.take(), started.keeper);
         let group = Arc::new(Group::new(pid));
 
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();
@@ -418,16 +434,18 @@ impl Child {
     }
 }
 
-/// Longest wait for a spawn (the sandbox plan, the fork, the child's set-up
+/// Longest wait for a spawn (the sandbox plan, the clone, the child's set-up
 /// and its `exec`): an executable on a hung file system must not hold a
 /// start, and so the daemon's shutdown, for ever.
 const SPAWN_DEADLINE: Duration = Duration::from_secs(10);
 
-/// A forked child before the runtime takes it over; killed and reaped if
+/// A started child before the runtime takes it over; killed and reaped if
 /// dropped before (a spawn nobody waits for any more).
-struct Forked {
+struct Started {
     /// The process, until taken over.
-    process: Option<std::process::Child>,
+    pid: Option<u32>,
+    /// The daemon's ends of its stdin, stdout and stderr, until taken over.
+    pipes: Option<[OwnedFd; 3]>,
     /// Its cgroup, where one could be made and entered.
     cgroup: Option<crate::cgroup::Cgroup>,
     /// What it keeps of its sandbox.
@@ -436,18 +454,21 @@ struct Forked {
     keeper: Option<&'static crate::keeper::Keeper>,
 }
 
-impl Drop for Forked {
+impl Drop for Started {
     fn drop(&mut self) {
-        if let Some(mut process) = self.process.take() {
-            let _ = process.kill();
-            let _ = process.wait();
+        if let Some(pid) = self.pid.take() {
+            // SAFETY: our own child, not yet reaped (so the pid is its own).
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+                libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
+            }
         }
     }
 }
 
-/// Plans the child's sandbox and forks it (blocking: runs on a spawner
+/// Plans the child's sandbox and starts it (blocking: runs on a spawner
 /// thread).
-fn fork(manifest: &Manifest) -> Result<Forked, SpawnError> {
+fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
     // The keeper must exist before the child does (it is started once).
     let keeper = crate::keeper::Keeper::get();
     let mut cgroup = crate::cgroup::Cgroups::get().and_then(|cgroups| {
@@ -459,7 +480,7 @@ fn fork(manifest: &Manifest) -> Result<Forked, SpawnError> {
             .ok()
     });
     let v2_cgroup = cgroup.as_ref().map(crate::cgroup::Cgroup::dir);
-    let sandbox = crate::sandbox::plan(manifest, v2_cgroup)?.map(Arc::new);
+    let sandbox = crate::sandbox::plan(manifest, v2_cgroup)?;
     if sandbox.is_none() {
         tracing::warn!(
             toolbox = %manifest.id,
@@ -467,18 +488,25 @@ fn fork(manifest: &Manifest) -> Result<Forked, SpawnError> {
              and network"
         );
     }
-    let enter = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
     let spawn_error = |source| SpawnError::Exec {
         program: manifest.program.display().to_string(),
         source,
     };
-    let process = match command(manifest, enter, sandbox.clone()).spawn() {
+    let command = command(manifest, sandbox.as_ref()).map_err(spawn_error)?;
+    let enter = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
+    // A child that becomes another user gets a copy of the daemon's memory
+    // (see `exec::Memory::Copied`); every other one borrows it.
+    let memory = match &sandbox {
+        Some(plan) if plan.changes_user() => exec::Memory::Copied,
+        _ => exec::Memory::Shared,
+    };
+    let spawned = exec::spawn(&command, &steps(enter.as_deref(), sandbox.as_ref()), memory);
+    let process = match spawned {
         Ok(process) => process,
         // The move into the cgroup may be what failed (a parent cgroup
         // that refuses it): try once without, and say so if that works.
         Err(first) if cgroup.is_some() => {
-            let process = command(manifest, None, sandbox.clone())
-                .spawn()
+            let process = exec::spawn(&command, &steps(None, sandbox.as_ref()), memory)
                 .map_err(spawn_error)?;
             tracing::warn!(
                 toolbox = %manifest.id,
@@ -490,42 +518,29 @@ fn fork(manifest: &Manifest) -> Result<Forked, SpawnError> {
         }
         Err(e) => return Err(spawn_error(e)),
     };
-    // The commands (and their copies of the plan) are gone: keep only
-    // what must outlive the spawn, and let Landlock's descriptors go.
-    let kept = sandbox.map(|plan| match Arc::try_unwrap(plan) {
-        Ok(plan) => Box::new(plan.into_kept()),
-        // invariant: no command holds the plan any more; if one did, its
-        // limits would be removed with it.
-        Err(plan) => Box::new(crate::sandbox::Kept::summary_only(plan.summary())),
-    });
-    Ok(Forked {
-        process: Some(process),
+    // Keep only what must outlive the spawn, and let Landlock's descriptors go.
+    let kept = sandbox.map(|plan| Box::new(plan.into_kept()));
+    Ok(Started {
+        pid: Some(process.pid),
+        pipes: Some([process.stdin, process.stdout, process.stderr]),
         cgroup,
         kept,
         keeper,
     })
 }
 
-/// The child's pipes, taken from `process` and made asynchronous.
+/// The child's pipes, made asynchronous.
 fn async_pipes(
-    process: &mut std::process::Child,
+    [stdin, stdout, stderr]: [OwnedFd; 3],
 ) -> std::io::Result<(
     tokio::process::ChildStdin,
     tokio::process::ChildStdout,
     tokio::process::ChildStderr,
 )> {
-    // invariant: all three pipes were requested in `command` and not yet taken.
-    let (Some(stdin), Some(stdout), Some(stderr)) = (
-        process.stdin.take(),
-        process.stdout.take(),
-        process.stderr.take(),
-    ) else {
-        return Err(std::io::Error::other("the child's pipes are missing"));
-    };
     Ok((
-        tokio::process::ChildStdin::from_std(stdin)?,
-        tokio::process::ChildStdout::from_std(stdout)?,
-        tokio::process::ChildStderr::from_std(stderr)?,
+        tokio::process::ChildStdin::from_std(stdin.into())?,
+        tokio::process::ChildStdout::from_std(stdout.into())?,
+        tokio::process::ChildStderr::from_std(stderr.into())?,
     ))
 }
 

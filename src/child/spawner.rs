@@ -1,8 +1,8 @@
-//! Where children are forked: a few threads that live as long as the daemon,
-//! beside the runtime's thread.
+//! Where children are started: a few threads that live as long as the
+//! daemon, beside the runtime's thread.
 //!
 //! A spawn is slow for an event loop: the sandbox plan takes a few hundred
-//! system calls, and the fork's parent then waits until the child has
+//! system calls, and the starting thread then waits until the child has
 //! entered its cgroups, applied Landlock and seccomp and called `exec`
 //! (about 1.5 ms in all; the first spawn far longer, while the kernel's
 //! cgroup lock leaves its fast path). On the runtime's one thread, twenty
@@ -10,7 +10,7 @@
 //! another. Here spawns run beside the calls, [`THREADS`] at a time.
 //!
 //! The threads never exit, and survive a panicking job: a child's
-//! parent-death signal fires when the *thread* that forked it exits, and
+//! parent-death signal fires when the *thread* that started it exits, and
 //! must fire only with the daemon.
 
 use std::sync::mpsc;

@@ -309,11 +309,11 @@ impl Prepared {
     /// in the daemon plus its own `/proc/<pid>`, sets no_new_privs (so no
     /// setuid program regains what the ruleset takes) and enforces it.
     ///
-    /// Made for `CommandExt::pre_exec`: only system calls (create, add
-    /// rule, open, close, prctl, restrict) over memory allocated before the
-    /// fork, and errno; no allocation, no lock, so it is async-signal-safe.
-    /// It confines the calling thread only, which after fork is the whole
-    /// process.
+    /// Made for a child before its exec (`child/exec.rs`): only system
+    /// calls (create, add rule, open, close, prctl, restrict) over memory
+    /// allocated before the child started, and errno; no allocation, no
+    /// lock. It confines the calling thread only, which in a new child is
+    /// the whole process.
     pub fn apply_in_child(&self) -> io::Result<()> {
         let ruleset = create_ruleset(&self.attr)?;
         let result = self.fill(ruleset).and_then(|()| {

@@ -42,7 +42,7 @@ static DAEMON_GROUPS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec
 /// A child's limits, set up before it starts.
 #[derive(Debug, Default)]
 pub struct Limited {
-    /// `cgroup.procs` of the v1 groups the child enters between fork and exec.
+    /// `cgroup.procs` of the v1 groups the child enters before its exec.
     pub entries: Vec<CString>,
     /// Those v1 groups, removed once the child is gone.
     v1_dirs: Vec<PathBuf>,

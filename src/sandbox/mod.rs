@@ -1,8 +1,8 @@
 //! Confinement of a toolbox's child (docs/security.md): what the standard
 //! profile applies. Everything that reads files, allocates or may fail for a
-//! reason worth saying happens in the daemon before fork ([`plan`]); the
-//! child, between fork and exec, only makes system calls
-//! ([`Plan::apply_in_child`]).
+//! reason worth saying happens in the daemon before the child starts
+//! ([`plan`]); the child, which shares the daemon's memory until its exec
+//! (`child/exec.rs`), only makes system calls ([`Plan::apply_in_child`]).
 //!
 //! The standard profile gives a child: an environment built from an
 //! allow-list (`env_pass`), the manifest's `env` and its `secrets`, never the
@@ -102,7 +102,7 @@ pub fn state_root() -> Result<PathBuf, SandboxError> {
     }
 }
 
-/// A child's sandbox, prepared before fork.
+/// A child's sandbox, prepared before the child starts.
 #[derive(Debug)]
 pub struct Plan {
     /// The child's whole environment.
@@ -379,13 +379,17 @@ pub(crate) fn secret(name: &str, source: &str) -> Result<String, SandboxError> {
 }
 
 impl Plan {
-    /// Sets the child's environment on `cmd` (and nothing of the daemon's).
-    pub fn configure(&self, cmd: &mut std::process::Command) {
-        cmd.env_clear();
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+    /// Whether the child becomes another user (`user` in the manifest).
+    pub fn changes_user(&self) -> bool {
+        self.ids.is_some()
     }
 
-    /// Applies the rest in the child, between fork and exec: only system
+    /// The child's whole environment (nothing of the daemon's).
+    pub fn env(&self) -> &[(OsString, OsString)] {
+        &self.env
+    }
+
+    /// Applies the rest in the child, before its exec: only system
     /// calls, no allocation (see the module doc).
     pub fn apply_in_child(&self) -> std::io::Result<()> {
         // First, while still the daemon's user: the limits' cgroups.
@@ -393,7 +397,7 @@ impl Plan {
             crate::cgroup::enter(entry)?;
         }
         // SAFETY: each call below is a plain system call on values prepared
-        // before fork; none allocates or takes a lock.
+        // before the child started; none allocates or takes a lock.
         unsafe {
             libc::umask(0o077);
             set_limit(Resource::RLIMIT_CORE, 0)?;
@@ -414,10 +418,13 @@ impl Plan {
                     }
                 }
             }
+            // Raw system calls: the child shares the daemon's memory until
+            // exec (child/exec.rs), and glibc's wrappers would change the
+            // credentials of every thread they find there, the daemon's.
             if let Some((uid, gid)) = self.ids {
-                if libc::setgroups(0, std::ptr::null()) != 0
-                    || libc::setgid(gid) != 0
-                    || libc::setuid(uid) != 0
+                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                    || libc::syscall(libc::SYS_setgid, gid) != 0
+                    || libc::syscall(libc::SYS_setuid, uid) != 0
                 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -498,7 +505,7 @@ impl Kept {
 }
 
 /// Sets both limits of `resource` to `value` (a plain system call: safe
-/// between fork and exec).
+/// in the child before its exec).
 fn set_limit(resource: Resource, value: libc::rlim_t) -> std::io::Result<()> {
     nix::sys::resource::setrlimit(resource, value, value).map_err(std::io::Error::from)
 }

@@ -2,7 +2,7 @@
 //! no business making are refused with an error, everything else is allowed.
 //!
 //! The filter is compiled in the daemon ([`prepare`], which allocates) and
-//! installed in the child between fork and exec ([`Prepared::apply_in_child`],
+//! installed in the child before its exec ([`Prepared::apply_in_child`],
 //! which does not). It is inherited by everything the child starts and cannot
 //! be removed. A refused call fails with `EPERM` (never a kill), so a tool
 //! sees an ordinary error it can report. `PR_SET_NO_NEW_PRIVS` comes with it:
@@ -196,12 +196,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// In the child between fork and exec (`CommandExt::pre_exec`), last
-    /// of what runs there: sets `PR_SET_NO_NEW_PRIVS`, then installs each
-    /// program with `seccomp(SECCOMP_SET_MODE_FILTER)`. Async-signal-safe:
-    /// no allocation, no lock. On an error the child must not exec (a
-    /// `pre_exec` error fails the spawn), since it may hold only some of
-    /// the programs.
+    /// In the child before its exec (`child/exec.rs`), last of what runs
+    /// there: sets `PR_SET_NO_NEW_PRIVS`, then installs each program with
+    /// `seccomp(SECCOMP_SET_MODE_FILTER)`. Only system calls: no
+    /// allocation, no lock. On an error the child must not exec (an error
+    /// there fails the spawn), since it may hold only some of the programs.
     pub fn apply_in_child(&self) -> std::io::Result<()> {
         for program in &self.programs {
             // seccompiler::apply_filter (0.5) is prctl(PR_SET_NO_NEW_PRIVS)

@@ -1,0 +1,546 @@
+//! How a child process is started: `clone(CLONE_VM | CLONE_VFORK)` on a
+//! stack of its own, as `posix_spawn` does, rather than `fork`.
+//!
+//! A fork copies the daemon's page tables and write-protects its memory; until
+//! the child calls `exec`, every page the daemon's other threads write is
+//! copied, each copy flushing the TLB of every core the daemon runs on (on a
+//! virtual machine, an interrupt per core). Measured on a 20-toolbox start,
+//! that copying was the largest single cost of a spawn, and it grows with the
+//! daemon's memory. Here the child borrows the daemon's memory until `exec`
+//! (the thread that starts it waits meanwhile), so nothing is copied.
+//!
+//! The price is care in the child, which shares memory with a daemon whose
+//! other threads keep running:
+//!
+//! - it runs only system calls on data prepared before: no allocation, no
+//!   lock, no panic; the only memory it writes outside its own stack is
+//!   `errno`, in the waiting thread's thread-local storage;
+//! - every signal is blocked around the clone (with the raw system call:
+//!   glibc leaves its own two out), and the child sets every caught signal
+//!   back to its default before unblocking them, so no handler of the
+//!   daemon's ever runs in it;
+//! - a child that changes its user is forked instead ([`Memory::Copied`]):
+//!   the kernel marks the memory of a process whose credentials change as
+//!   dumpable (per `fs.suid_dumpable`), and shared memory is the daemon's.
+//!
+//! A failure before `exec` is reported through a close-on-exec pipe as the
+//! `errno` of the step that failed. A child that dies before `exec` without
+//! a word (killed, say) is reported as started; its exit is seen next.
+
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::ffi::{CString, OsStr, OsString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// The child's stack: its own, so it never writes to the daemon's. The steps
+/// before `exec` are shallow; the pages it does not touch cost nothing.
+const STACK_BYTES: usize = 256 * 1024;
+
+/// The shell that runs an executable script without a `#!` line.
+const SH: &std::ffi::CStr = c"/bin/sh";
+
+/// Whether the child borrows the daemon's memory until `exec`, or gets a
+/// copy (a fork).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Memory {
+    /// Borrowed: nothing copied; the starting thread waits for the `exec`.
+    Shared,
+    /// Copied, as by `fork`: for a child that changes its credentials.
+    Copied,
+}
+
+/// Everything `exec` needs, as C strings made before the clone.
+pub struct Command {
+    /// The executable (a path: manifests resolve the command).
+    program: CString,
+    /// Keeps the strings `argv` points into.
+    _args: Vec<CString>,
+    /// `argv`, NULL-terminated.
+    argv: Vec<*const libc::c_char>,
+    /// Keeps the strings `envp` points into.
+    _env: Vec<CString>,
+    /// `envp`, NULL-terminated.
+    envp: Vec<*const libc::c_char>,
+    /// `argv` for `/bin/sh` running the program as a script, for an
+    /// executable that is a script without a `#!` line (as `execvp` does).
+    sh_argv: Vec<*const libc::c_char>,
+    /// The working directory.
+    cwd: CString,
+}
+
+// SAFETY: the raw pointers point into the CStrings the Command owns, which
+// never change while it lives; nothing else is shared.
+unsafe impl Send for Command {}
+
+impl Command {
+    /// `program` with `args` (argv[0] is the program), environment `env` (all
+    /// of it), in `cwd`. A NUL byte in any of them is an `InvalidInput` error.
+    pub fn new<'a>(
+        program: &Path,
+        args: impl IntoIterator<Item = &'a str>,
+        env: &[(OsString, OsString)],
+        cwd: &Path,
+    ) -> io::Result<Command> {
+        let c = |bytes: &[u8]| {
+            CString::new(bytes).map_err(|_| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "a NUL byte in the command, its arguments, environment or directory",
+                )
+            })
+        };
+        let program = c(program.as_os_str().as_bytes())?;
+        let mut args_c = vec![program.clone()];
+        for arg in args {
+            args_c.push(c(arg.as_bytes())?);
+        }
+        let mut env_c = Vec::with_capacity(env.len());
+        for (key, value) in env {
+            let mut pair = OsString::with_capacity(key.len() + value.len() + 1);
+            pair.push(key);
+            pair.push(OsStr::new("="));
+            pair.push(value);
+            env_c.push(c(pair.as_bytes())?);
+        }
+        let pointers = |strings: &[CString]| {
+            strings
+                .iter()
+                .map(|s| s.as_ptr())
+                .chain(std::iter::once(std::ptr::null()))
+                .collect::<Vec<_>>()
+        };
+        let sh_argv = std::iter::once(SH.as_ptr())
+            .chain(args_c.iter().map(|s| s.as_ptr()))
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        Ok(Command {
+            sh_argv,
+            argv: pointers(&args_c),
+            envp: pointers(&env_c),
+            program,
+            _args: args_c,
+            _env: env_c,
+            cwd: c(cwd.as_os_str().as_bytes())?,
+        })
+    }
+}
+
+/// A started child: its pid and the daemon's ends of its stdio pipes.
+pub struct Launched {
+    /// Process id; the caller reaps it.
+    pub pid: u32,
+    /// Writes to the child's stdin.
+    pub stdin: OwnedFd,
+    /// Reads the child's stdout.
+    pub stdout: OwnedFd,
+    /// Reads the child's stderr.
+    pub stderr: OwnedFd,
+}
+
+/// What the child's side runs with: pointers into the starting thread's
+/// frame, which outlives the child's use of them (it waits for the `exec`,
+/// or the child has a copy).
+struct ChildArgs<'a> {
+    command: &'a Command,
+    /// The child's ends of its stdin, stdout and stderr pipes.
+    stdio: [RawFd; 3],
+    /// Where a failed step writes its errno.
+    report: RawFd,
+    /// The caller's steps, last before `exec`.
+    steps: &'a (dyn Fn() -> io::Result<()> + Sync),
+}
+
+/// Starts `command` with piped stdio, running `steps` in the child just
+/// before `exec` (they must keep to the rules of the module doc). Returns
+/// once the child has called `exec`; an error of any step before is
+/// returned, and that child reaped.
+pub fn spawn(
+    command: &Command,
+    steps: &(dyn Fn() -> io::Result<()> + Sync),
+    memory: Memory,
+) -> io::Result<Launched> {
+    let (stdin_child, stdin) = pipe()?;
+    let (stdout, stdout_child) = pipe()?;
+    let (stderr, stderr_child) = pipe()?;
+    let (report_read, report_write) = pipe()?;
+    let args = ChildArgs {
+        command,
+        stdio: [
+            stdin_child.as_raw_fd(),
+            stdout_child.as_raw_fd(),
+            stderr_child.as_raw_fd(),
+        ],
+        report: report_write.as_raw_fd(),
+        steps,
+    };
+    let flags = match memory {
+        Memory::Shared => libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+        Memory::Copied => libc::SIGCHLD,
+    };
+    let pid = STACK.with(|stack| -> io::Result<libc::pid_t> {
+        let mut stack = stack.borrow_mut();
+        let stack = match &mut *stack {
+            Some(stack) => stack,
+            empty => empty.insert(Stack::new()?),
+        };
+        let all: u64 = !0;
+        let mut old: u64 = 0;
+        // SAFETY: the masks are plain values on this stack (the kernel's
+        // sigset is 8 bytes); the child runs `child_main` on a stack of its
+        // own with `args`, which outlives its use (this thread waits for
+        // the exec with CLONE_VFORK; a copied child has its own copy), and
+        // keeps to the module's rules; the mask is restored whatever clone
+        // returned.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &all,
+                &mut old,
+                8,
+            );
+            let pid = libc::clone(
+                child_main,
+                stack.top(),
+                flags,
+                (&args as *const ChildArgs).cast_mut().cast(),
+            );
+            let error = io::Error::last_os_error();
+            libc::syscall(
+                libc::SYS_rt_sigprocmask,
+                libc::SIG_SETMASK,
+                &old,
+                std::ptr::null_mut::<u64>(),
+                8,
+            );
+            if pid < 0 {
+                return Err(error);
+            }
+            Ok(pid)
+        }
+    })?;
+    drop((stdin_child, stdout_child, stderr_child, report_write));
+    if let Some(errno) = read_report(&report_read, memory) {
+        reap(pid);
+        return Err(io::Error::from_raw_os_error(errno));
+    }
+    Ok(Launched {
+        pid: pid as u32,
+        stdin,
+        stdout,
+        stderr,
+    })
+}
+
+thread_local! {
+    /// The stack children started from this thread run on until `exec`,
+    /// kept: unmapping it would flush the TLB of every core the daemon
+    /// runs on, the cost this module avoids. One spawn at a time per thread,
+    /// each over before the next (the child has called `exec` or has its
+    /// own copy), so one stack is enough.
+    static STACK: std::cell::RefCell<Option<Stack>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Waits for the child `pid`, which has ended or is ending.
+pub fn reap(pid: libc::pid_t) {
+    // SAFETY: waiting for our own child; retried when a signal interrupts.
+    while unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) } < 0
+        && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted
+    {}
+}
+
+/// The errno the child reported, if it failed before `exec` (an `exec`
+/// that succeeded closes the pipe with nothing written).
+///
+/// A shared-memory child has called `exec` or exited when `clone` returns,
+/// so what it wrote is there: the pipe is only looked at. Waiting for its
+/// end to close could wait on another spawn's child, which holds a copy of
+/// the write end until its own `exec`. A copied child is waited for.
+fn read_report(report: &OwnedFd, memory: Memory) -> Option<i32> {
+    if memory == Memory::Shared {
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe { libc::fcntl(report.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    }
+    let mut bytes = [0u8; 4];
+    let mut got = 0usize;
+    while let Some(rest) = bytes.get_mut(got..).filter(|rest| !rest.is_empty()) {
+        // SAFETY: reading into the unfilled part of a local buffer.
+        let n = unsafe { libc::read(report.as_raw_fd(), rest.as_mut_ptr().cast(), rest.len()) };
+        match n {
+            n if n > 0 => got += n as usize,
+            _ if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            _ => break, // closed, nothing (yet) written, or an error
+        }
+    }
+    (got == bytes.len()).then(|| i32::from_ne_bytes(bytes))
+}
+
+/// The child, from the clone to `exec`: only system calls (module doc).
+extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the starting thread's `ChildArgs`, alive until this
+    // child has called exec or exited (or copied with the memory).
+    let args = unsafe { &*(arg as *const ChildArgs) };
+    let errno = match run_child(args) {
+        Err(e) => e.raw_os_error().unwrap_or(libc::EINVAL),
+        Ok(()) => libc::EINVAL, // invariant: run_child returns only on an error
+    };
+    // SAFETY: a write of a local buffer to the report pipe, then the exit of
+    // this child only (_exit runs nothing of the daemon's).
+    unsafe {
+        libc::write(args.report, errno.to_ne_bytes().as_ptr().cast(), 4);
+        libc::_exit(127)
+    }
+}
+
+/// The kernel's `struct sigaction` (handler first; 32 bytes covers every
+/// architecture's layout), for the raw `rt_sigaction`.
+#[repr(C)]
+#[derive(Default)]
+struct KernelSigaction {
+    handler: usize,
+    rest: [u64; 3],
+}
+
+/// The child's steps; returns only on an error.
+fn run_child(args: &ChildArgs) -> io::Result<()> {
+    let check = |r: libc::c_int| {
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: system calls on values prepared before the clone, or local.
+    unsafe {
+        // No handler of the daemon's may run here: caught signals go back to
+        // their default (ignored ones stay ignored across exec, but SIGPIPE,
+        // which Rust ignores, goes back to its default as `std` does). Raw
+        // calls, as glibc's hide its own two signals.
+        for signal in 1..=64 {
+            if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+                continue;
+            }
+            let mut action = KernelSigaction::default();
+            let query = std::ptr::null::<KernelSigaction>();
+            if libc::syscall(libc::SYS_rt_sigaction, signal, query, &mut action, 8) != 0 {
+                continue;
+            }
+            let (default, ignore) = (libc::SIG_DFL, libc::SIG_IGN);
+            if action.handler != default && (action.handler != ignore || signal == libc::SIGPIPE) {
+                let reset = KernelSigaction::default();
+                let none = std::ptr::null_mut::<KernelSigaction>();
+                libc::syscall(libc::SYS_rt_sigaction, signal, &reset, none, 8);
+            }
+        }
+        let unblocked: u64 = 0;
+        let none = std::ptr::null_mut::<u64>();
+        if libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &unblocked,
+            none,
+            8,
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        for (target, fd) in (0..).zip(args.stdio) {
+            if fd == target {
+                // Already in place: only its close-on-exec flag must go.
+                check(libc::fcntl(fd, libc::F_SETFD, 0))?;
+            } else {
+                check(libc::dup2(fd, target))?;
+            }
+        }
+        check(libc::chdir(args.command.cwd.as_ptr()))?;
+        check(libc::setpgid(0, 0))?;
+    }
+    (args.steps)()?;
+    let command = args.command;
+    // SAFETY: NUL-terminated strings and NULL-terminated arrays owned by the
+    // command; execve returns only on an error.
+    unsafe {
+        libc::execve(
+            command.program.as_ptr(),
+            command.argv.as_ptr(),
+            command.envp.as_ptr(),
+        );
+        if io::Error::last_os_error().raw_os_error() == Some(libc::ENOEXEC) {
+            // An executable script without `#!`: the shell runs it, as
+            // `execvp` (and so `std`) does.
+            libc::execve(SH.as_ptr(), command.sh_argv.as_ptr(), command.envp.as_ptr());
+            return Err(io::Error::from_raw_os_error(libc::ENOEXEC));
+        }
+    }
+    Err(io::Error::last_os_error())
+}
+
+/// A pipe, both ends close-on-exec: (read end, write end).
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 fills the two-element array it is given.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: two fresh descriptors that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The child's stack: mapped for one spawn, with a guard page below.
+struct Stack {
+    base: *mut libc::c_void,
+}
+
+impl Stack {
+    fn new() -> io::Result<Stack> {
+        // SAFETY: a fresh private mapping, then its lowest page made
+        // inaccessible (the guard); unmapped on drop.
+        unsafe {
+            let base = libc::mmap(
+                std::ptr::null_mut(),
+                STACK_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK | libc::MAP_NORESERVE,
+                -1,
+                0,
+            );
+            if base == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            let stack = Stack { base };
+            if libc::mprotect(base, page_size(), libc::PROT_NONE) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(stack)
+        }
+    }
+
+    /// Where the stack starts (it grows down), 16-byte aligned.
+    fn top(&self) -> *mut libc::c_void {
+        // The mapping is page-aligned and STACK_BYTES a multiple of 16.
+        self.base.cast::<u8>().wrapping_add(STACK_BYTES).cast()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unused once the child has
+        // called exec or exited.
+        unsafe { libc::munmap(self.base, STACK_BYTES) };
+    }
+}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size).unwrap_or(4096)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn run(command: &Command, memory: Memory) -> (String, i32) {
+        let launched = spawn(command, &|| Ok(()), memory).unwrap();
+        drop(launched.stdin);
+        let mut out = String::new();
+        std::fs::File::from(launched.stdout)
+            .read_to_string(&mut out)
+            .unwrap();
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        unsafe { libc::waitpid(launched.pid as i32, &mut status, 0) };
+        (out, status)
+    }
+
+    fn sh(script: &str, env: &[(OsString, OsString)], cwd: &str) -> Command {
+        Command::new(
+            Path::new("/bin/sh"),
+            ["-c", script, "x"],
+            env,
+            Path::new(cwd),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn runs_the_program_with_its_arguments_environment_and_directory() {
+        let env = [(OsString::from("GREETING"), OsString::from("hello"))];
+        for memory in [Memory::Shared, Memory::Copied] {
+            let command = sh("echo \"$GREETING $0\"; pwd", &env, "/tmp");
+            assert_eq!(run(&command, memory), ("hello x\n/tmp\n".into(), 0));
+        }
+        // Only what was given: no variable of the daemon's.
+        let command = Command::new(Path::new("/usr/bin/env"), [], &env, Path::new("/")).unwrap();
+        assert_eq!(run(&command, Memory::Shared).0, "GREETING=hello\n");
+    }
+
+    #[test]
+    fn a_failed_step_or_exec_is_returned_with_its_errno() {
+        let command = Command::new(Path::new("/bin/true"), [], &[], Path::new("/")).unwrap();
+        for memory in [Memory::Shared, Memory::Copied] {
+            let refused = || Err(io::Error::from_raw_os_error(libc::EPERM));
+            let err = spawn(&command, &refused, memory).err().unwrap();
+            assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+        }
+        let missing = Command::new(Path::new("/nonexistent/x"), [], &[], Path::new("/")).unwrap();
+        let err = spawn(&missing, &|| Ok(()), Memory::Shared).err().unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+        let nowhere = Command::new(Path::new("/bin/true"), [], &[], Path::new("/nonexistent"));
+        let err = spawn(&nowhere.unwrap(), &|| Ok(()), Memory::Shared)
+            .err()
+            .unwrap();
+        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn a_script_without_a_shebang_line_runs_under_the_shell() {
+        let dir = std::env::temp_dir().join(format!("toolboxd-exec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("plain");
+        std::fs::write(&script, "echo \"plain $1\"\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let command = Command::new(&script, ["arg"], &[], &dir).unwrap();
+        assert_eq!(run(&command, Memory::Shared), ("plain arg\n".into(), 0));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_child_gets_default_signals_none_blocked_and_its_own_group() {
+        // SIGPIPE, which Rust ignores in the daemon, is back to its default.
+        let path = [(OsString::from("PATH"), OsString::from("/usr/bin:/bin"))];
+        let script = "grep -E '^(SigBlk|SigIgn)' /proc/self/status; ps -o pgid= -p $$; echo $$";
+        let (out, _) = run(&sh(script, &path, "/"), Memory::Shared);
+        let field = |name: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| u64::from_str_radix(v.trim(), 16).unwrap())
+                .unwrap()
+        };
+        assert_eq!(field("SigBlk:"), 0, "{out}");
+        let sigpipe = 1u64 << (libc::SIGPIPE - 1);
+        assert_eq!(field("SigIgn:") & sigpipe, 0, "{out}");
+        let lines: Vec<&str> = out.lines().collect();
+        let (pgid, pid) = (lines[lines.len() - 2].trim(), lines[lines.len() - 1].trim());
+        assert_eq!(pgid, pid, "the child leads a process group of its own");
+    }
+
+    #[test]
+    fn a_nul_byte_is_refused_before_anything_starts() {
+        let err = Command::new(Path::new("/bin/true"), ["a\0b"], &[], Path::new("/"))
+            .err()
+            .unwrap();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+}
