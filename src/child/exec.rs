@@ -1,5 +1,7 @@
-//! How a child process is started: `clone(CLONE_VM | CLONE_VFORK)` on a
-//! stack of its own, as `posix_spawn` does, rather than `fork`.
+//! How a child process is started: as `vfork` does (`CLONE_VM |
+//! CLONE_VFORK`), rather than `fork`; with `clone3` on x86_64, where the
+//! child continues on the starting thread's stack below its frame, and with
+//! `clone` on a stack of its own elsewhere (as `posix_spawn` does).
 //!
 //! A fork copies the daemon's page tables and write-protects its memory; until
 //! the child calls `exec`, every page the daemon's other threads write is
@@ -13,8 +15,9 @@
 //! other threads keep running:
 //!
 //! - it runs only system calls on data prepared before: no allocation, no
-//!   lock, no panic; the only memory it writes outside its own stack is
-//!   `errno`, in the waiting thread's thread-local storage;
+//!   lock, no panic; outside the stack it runs on, it writes only what libc
+//!   keeps in the waiting thread's thread-local storage (`errno`, and
+//!   around a cancellable call its cancellation state, restored after);
 //! - every signal is blocked around the clone (with the raw system call:
 //!   glibc leaves its own two out), and the child sets every caught signal
 //!   back to its default before unblocking them, so no handler of the
@@ -22,6 +25,13 @@
 //! - a child that changes its user is forked instead ([`Memory::Copied`]):
 //!   the kernel marks the memory of a process whose credentials change as
 //!   dumpable (per `fs.suid_dumpable`), and shared memory is the daemon's.
+//!
+//! The child is born into its cgroup where it can be (`clone3` with
+//! `CLONE_INTO_CGROUP`, on x86_64, Linux 5.7+): moving a process into a
+//! cgroup takes the kernel's cgroup lock for writing, and the first move
+//! after a pause waits for an RCU grace period (7 to 13 ms measured) with
+//! every other cgroup operation queued behind it. Elsewhere the child moves
+//! itself in, first thing.
 //!
 //! A failure before `exec` is reported through a close-on-exec pipe as the
 //! `errno` of the step that failed. A child that dies before `exec` without
@@ -34,13 +44,13 @@
     clippy::indexing_slicing
 )]
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-/// The child's stack: its own, so it never writes to the daemon's. The steps
+/// The spare stack of a child started by `clone` (see [`clone_on_stack`]). The steps
 /// before `exec` are shallow; the pages it does not touch cost nothing.
 const STACK_BYTES: usize = 256 * 1024;
 
@@ -53,7 +63,8 @@ const SH: &std::ffi::CStr = c"/bin/sh";
 pub enum Memory {
     /// Borrowed: nothing copied; the starting thread waits for the `exec`.
     Shared,
-    /// Copied, as by `fork`: for a child that changes its credentials.
+    /// Copied, as by `fork`: for a child that changes its credentials. The
+    /// starting thread waits for the `exec` all the same.
     Copied,
 }
 
@@ -145,6 +156,15 @@ pub struct Launched {
     pub stderr: OwnedFd,
 }
 
+/// The cgroup (v2) a child is to run in.
+#[derive(Clone, Copy)]
+pub struct Cgroup<'a> {
+    /// Its directory, open: what `CLONE_INTO_CGROUP` takes.
+    pub dir: BorrowedFd<'a>,
+    /// Its `cgroup.procs`, for a child that moves itself in.
+    pub procs: &'a CStr,
+}
+
 /// What the child's side runs with: pointers into the starting thread's
 /// frame, which outlives the child's use of them (it waits for the `exec`,
 /// or the child has a copy).
@@ -154,18 +174,21 @@ struct ChildArgs<'a> {
     stdio: [RawFd; 3],
     /// Where a failed step writes its errno.
     report: RawFd,
+    /// The `cgroup.procs` to move into first, when not born into the cgroup.
+    enter: Option<&'a CStr>,
     /// The caller's steps, last before `exec`.
     steps: &'a (dyn Fn() -> io::Result<()> + Sync),
 }
 
-/// Starts `command` with piped stdio, running `steps` in the child just
-/// before `exec` (they must keep to the rules of the module doc). Returns
-/// once the child has called `exec`; an error of any step before is
-/// returned, and that child reaped.
+/// Starts `command` with piped stdio in `cgroup` (if any), running `steps`
+/// in the child just before `exec` (they must keep to the rules of the
+/// module doc). Returns once the child has called `exec`; an error of any
+/// step before is returned, and that child reaped.
 pub fn spawn(
     command: &Command,
     steps: &(dyn Fn() -> io::Result<()> + Sync),
     memory: Memory,
+    cgroup: Option<Cgroup>,
 ) -> io::Result<Launched> {
     let (stdin_child, stdin) = pipe()?;
     let (stdout, stdout_child) = pipe()?;
@@ -179,56 +202,31 @@ pub fn spawn(
             stderr_child.as_raw_fd(),
         ],
         report: report_write.as_raw_fd(),
+        enter: None,
         steps,
     };
-    let flags = match memory {
-        Memory::Shared => libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-        Memory::Copied => libc::SIGCHLD,
+    let shared = match memory {
+        Memory::Shared => libc::CLONE_VM,
+        Memory::Copied => 0,
     };
-    let pid = STACK.with(|stack| -> io::Result<libc::pid_t> {
-        let mut stack = stack.borrow_mut();
-        let stack = match &mut *stack {
-            Some(stack) => stack,
-            empty => empty.insert(Stack::new()?),
-        };
-        let all: u64 = !0;
-        let mut old: u64 = 0;
-        // SAFETY: the masks are plain values on this stack (the kernel's
-        // sigset is 8 bytes); the child runs `child_main` on a stack of its
-        // own with `args`, which outlives its use (this thread waits for
-        // the exec with CLONE_VFORK; a copied child has its own copy), and
-        // keeps to the module's rules; the mask is restored whatever clone
-        // returned.
-        unsafe {
-            libc::syscall(
-                libc::SYS_rt_sigprocmask,
-                libc::SIG_SETMASK,
-                &all,
-                &mut old,
-                8,
-            );
-            let pid = libc::clone(
-                child_main,
-                stack.top(),
-                flags,
-                (&args as *const ChildArgs).cast_mut().cast(),
-            );
-            let error = io::Error::last_os_error();
-            libc::syscall(
-                libc::SYS_rt_sigprocmask,
-                libc::SIG_SETMASK,
-                &old,
-                std::ptr::null_mut::<u64>(),
-                8,
-            );
-            if pid < 0 {
-                return Err(error);
-            }
-            Ok(pid)
+    // SAFETY: the signals are blocked around it (see `blocking_signals`).
+    let born = cgroup
+        .filter(|_| clone3_available())
+        .and_then(|cgroup| unsafe {
+            blocking_signals(|| clone3_into(shared as u64, cgroup.dir, &args))
+        });
+    let pid = match born {
+        Some(pid) => pid,
+        None => {
+            let args = ChildArgs {
+                enter: cgroup.map(|c| c.procs),
+                ..args
+            };
+            clone_on_stack(shared | libc::CLONE_VFORK | libc::SIGCHLD, &args)?
         }
-    })?;
+    };
     drop((stdin_child, stdout_child, stderr_child, report_write));
-    if let Some(errno) = read_report(&report_read, memory) {
+    if let Some(errno) = read_report(&report_read) {
         reap(pid);
         return Err(io::Error::from_raw_os_error(errno));
     }
@@ -238,6 +236,170 @@ pub fn spawn(
         stdout,
         stderr,
     })
+}
+
+/// Runs `f` with every signal blocked in this thread (the raw call: glibc's
+/// would leave its own two out), then restores the mask.
+///
+/// # Safety
+/// `f` must not rely on signals.
+unsafe fn blocking_signals<T>(f: impl FnOnce() -> T) -> T {
+    let all: u64 = !0;
+    let mut old: u64 = 0;
+    let set_size = std::mem::size_of::<u64>();
+    // SAFETY: the masks are plain values on this stack (the kernel's
+    // sigset is 8 bytes).
+    unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &all,
+            &mut old,
+            set_size,
+        );
+    }
+    let result = f();
+    // SAFETY: as above.
+    unsafe {
+        let none = std::ptr::null_mut::<u64>();
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &old,
+            none,
+            set_size,
+        );
+    }
+    result
+}
+
+/// The child started by `clone` on this thread's spare stack (its copy of
+/// it, when it does not share memory), entering its cgroup itself.
+fn clone_on_stack(flags: libc::c_int, args: &ChildArgs) -> io::Result<libc::pid_t> {
+    STACK.with(|stack| -> io::Result<libc::pid_t> {
+        let mut stack = stack.borrow_mut();
+        let stack = match &mut *stack {
+            Some(stack) => stack,
+            empty => empty.insert(Stack::new()?),
+        };
+        // SAFETY: the child runs `child_main` on a stack of its own with
+        // `args`, which outlives its use (this thread waits for its exec or
+        // exit: CLONE_VFORK), and keeps to the module's rules; signals are
+        // blocked around the clone.
+        let (pid, error) = unsafe {
+            blocking_signals(|| {
+                let pid = libc::clone(
+                    child_main,
+                    stack.top(),
+                    flags,
+                    (args as *const ChildArgs).cast_mut().cast(),
+                );
+                (pid, io::Error::last_os_error())
+            })
+        };
+        if pid < 0 {
+            return Err(error);
+        }
+        Ok(pid)
+    })
+}
+
+/// The kernel's `struct clone_args` as `clone3` takes it (with `cgroup`,
+/// Linux 5.7+).
+#[cfg(target_arch = "x86_64")]
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// Whether `clone3` with `CLONE_INTO_CGROUP` may work here (cleared when the
+/// kernel has neither, or a filter refuses it).
+#[cfg(target_arch = "x86_64")]
+static CLONE3: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Whether a child may be started by [`clone3_into`].
+fn clone3_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return CLONE3.load(std::sync::atomic::Ordering::Relaxed);
+    #[cfg(not(target_arch = "x86_64"))]
+    return false;
+}
+
+/// The child started by `clone3` into the cgroup `dir`, as `vfork` starts
+/// one: it runs on this thread's stack, below this frame, and this thread
+/// waits (CLONE_VFORK) until it has called exec or exited; `shared` adds
+/// CLONE_VM. `None` on any error: the caller then starts the child another
+/// way, which moves into the cgroup itself and so meets (and reports) any
+/// refusal of the cgroup's as before. Where `clone3` or `CLONE_INTO_CGROUP`
+/// is missing (ENOSYS, E2BIG) or a filter refuses it (EPERM: the cgroup
+/// checks never say that), it is not tried again.
+///
+/// # Safety
+/// Signals must be blocked (a handler would run on the shared stack).
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone3_into(shared: u64, dir: BorrowedFd, args: &ChildArgs) -> Option<libc::pid_t> {
+    use std::sync::atomic::Ordering;
+    const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+    let clone_args = CloneArgs {
+        flags: shared | libc::CLONE_VFORK as u64 | CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: dir.as_raw_fd() as u64,
+        ..CloneArgs::default()
+    };
+    let ret: i64;
+    // SAFETY: clone3 with no stack of its own: the child continues on this
+    // stack pointer and only goes deeper (a call, writing below this
+    // frame, where the waiting parent keeps nothing) and never returns
+    // here: `child_main` ends in exec or _exit (`ud2` if it ever came
+    // back). The asm may push (no `nostack`: never add it, nor `nomem`,
+    // `readonly` or `preserves_flags`), so the compiler keeps nothing below
+    // the stack pointer and aligns it for the call. The parent gets the
+    // pid, or -errno, in rax; the syscall clobbers rcx and r11.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "mov rdi, r13",
+            "call r12",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") &clone_args as *const CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") child_main as *const () as usize,
+            in("r13") args as *const ChildArgs,
+            lateout("rcx") _,
+            lateout("r11") _,
+        );
+    }
+    if ret > 0 {
+        return Some(ret as libc::pid_t);
+    }
+    if [libc::ENOSYS, libc::E2BIG, libc::EPERM].contains(&(-ret as i32)) {
+        CLONE3.store(false, Ordering::Relaxed);
+    }
+    None
+}
+
+/// Other architectures: the child moves itself into its cgroup.
+///
+/// # Safety
+/// None needed; the signature matches the x86_64 one.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone3_into(_shared: u64, _dir: BorrowedFd, _args: &ChildArgs) -> Option<libc::pid_t> {
+    None
 }
 
 thread_local! {
@@ -260,15 +422,13 @@ pub fn reap(pid: libc::pid_t) {
 /// The errno the child reported, if it failed before `exec` (an `exec`
 /// that succeeded closes the pipe with nothing written).
 ///
-/// A shared-memory child has called `exec` or exited when `clone` returns,
-/// so what it wrote is there: the pipe is only looked at. Waiting for its
-/// end to close could wait on another spawn's child, which holds a copy of
-/// the write end until its own `exec`. A copied child is waited for.
-fn read_report(report: &OwnedFd, memory: Memory) -> Option<i32> {
-    if memory == Memory::Shared {
-        // SAFETY: fcntl on a descriptor we own.
-        unsafe { libc::fcntl(report.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
-    }
+/// The child has called `exec` or exited when the clone returns
+/// (CLONE_VFORK), so what it wrote is there: the pipe is only looked at.
+/// Waiting for its end to close could wait on another spawn's child, which
+/// holds a copy of the write end until its own `exec`.
+fn read_report(report: &OwnedFd) -> Option<i32> {
+    // SAFETY: fcntl on a descriptor we own.
+    unsafe { libc::fcntl(report.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
     let mut bytes = [0u8; 4];
     let mut got = 0usize;
     while let Some(rest) = bytes.get_mut(got..).filter(|rest| !rest.is_empty()) {
@@ -300,8 +460,8 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
-/// The kernel's `struct sigaction` (handler first; 32 bytes covers every
-/// architecture's layout), for the raw `rt_sigaction`.
+/// The kernel's `struct sigaction` (handler first; 32 bytes covers the
+/// layouts of x86_64, aarch64 and 32-bit arm), for the raw `rt_sigaction`.
 #[repr(C)]
 #[derive(Default)]
 struct KernelSigaction {
@@ -318,6 +478,9 @@ fn run_child(args: &ChildArgs) -> io::Result<()> {
             Ok(())
         }
     };
+    if let Some(procs) = args.enter {
+        crate::cgroup::enter(procs)?;
+    }
     // SAFETY: system calls on values prepared before the clone, or local.
     unsafe {
         // No handler of the daemon's may run here: caught signals go back to
@@ -330,14 +493,14 @@ fn run_child(args: &ChildArgs) -> io::Result<()> {
             }
             let mut action = KernelSigaction::default();
             let query = std::ptr::null::<KernelSigaction>();
-            if libc::syscall(libc::SYS_rt_sigaction, signal, query, &mut action, 8) != 0 {
+            if libc::syscall(libc::SYS_rt_sigaction, signal, query, &mut action, 8usize) != 0 {
                 continue;
             }
             let (default, ignore) = (libc::SIG_DFL, libc::SIG_IGN);
             if action.handler != default && (action.handler != ignore || signal == libc::SIGPIPE) {
                 let reset = KernelSigaction::default();
                 let none = std::ptr::null_mut::<KernelSigaction>();
-                libc::syscall(libc::SYS_rt_sigaction, signal, &reset, none, 8);
+                libc::syscall(libc::SYS_rt_sigaction, signal, &reset, none, 8usize);
             }
         }
         let unblocked: u64 = 0;
@@ -451,7 +614,7 @@ mod tests {
     use std::io::Read;
 
     fn run(command: &Command, memory: Memory) -> (String, i32) {
-        let launched = spawn(command, &|| Ok(()), memory).unwrap();
+        let launched = spawn(command, &|| Ok(()), memory, None).unwrap();
         drop(launched.stdin);
         let mut out = String::new();
         std::fs::File::from(launched.stdout)
@@ -490,14 +653,16 @@ mod tests {
         let command = Command::new(Path::new("/bin/true"), [], &[], Path::new("/")).unwrap();
         for memory in [Memory::Shared, Memory::Copied] {
             let refused = || Err(io::Error::from_raw_os_error(libc::EPERM));
-            let err = spawn(&command, &refused, memory).err().unwrap();
+            let err = spawn(&command, &refused, memory, None).err().unwrap();
             assert_eq!(err.raw_os_error(), Some(libc::EPERM));
         }
         let missing = Command::new(Path::new("/nonexistent/x"), [], &[], Path::new("/")).unwrap();
-        let err = spawn(&missing, &|| Ok(()), Memory::Shared).err().unwrap();
+        let err = spawn(&missing, &|| Ok(()), Memory::Shared, None)
+            .err()
+            .unwrap();
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
         let nowhere = Command::new(Path::new("/bin/true"), [], &[], Path::new("/nonexistent"));
-        let err = spawn(&nowhere.unwrap(), &|| Ok(()), Memory::Shared)
+        let err = spawn(&nowhere.unwrap(), &|| Ok(()), Memory::Shared, None)
             .err()
             .unwrap();
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
@@ -508,9 +673,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("toolboxd-exec-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let script = dir.join("plain");
-        std::fs::write(&script, "echo \"plain $1\"\n").unwrap();
-        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        // Written by another process: a descriptor open for writing here
+        // could be copied into a child another test starts meanwhile, and
+        // make the exec below fail (ETXTBSY).
+        let written = std::process::Command::new("/bin/sh")
+            .args([
+                "-c",
+                "printf 'echo \"plain $1\"\\n' > \"$0\" && chmod 755 \"$0\"",
+            ])
+            .arg(&script)
+            .status()
             .unwrap();
+        assert!(written.success());
         let command = Command::new(&script, ["arg"], &[], &dir).unwrap();
         assert_eq!(run(&command, Memory::Shared), ("plain arg\n".into(), 0));
         std::fs::remove_dir_all(&dir).unwrap();
@@ -542,5 +716,64 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn the_child_runs_in_its_cgroup_from_its_start() {
+        let Some(cgroups) = crate::cgroup::Cgroups::get() else {
+            eprintln!("skipped: no cgroup v2 hierarchy this process may write");
+            return;
+        };
+        let cgroup = cgroups.new_child("exec-test").unwrap();
+        let dir = std::fs::File::open(cgroup.dir()).unwrap();
+        let procs = cgroup.entry();
+        let target = Cgroup {
+            dir: std::os::fd::AsFd::as_fd(&dir),
+            procs: &procs,
+        };
+        let command = sh("cat /proc/self/cgroup", &[], "/");
+        let inside = cgroup
+            .dir()
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_owned();
+        // Born into it (clone3, where there is one), then moving itself in.
+        for clone3 in [true, false] {
+            #[cfg(target_arch = "x86_64")]
+            CLONE3.store(clone3, std::sync::atomic::Ordering::Relaxed);
+            for memory in [Memory::Shared, Memory::Copied] {
+                let launched = spawn(&command, &|| Ok(()), memory, Some(target)).unwrap();
+                let mut out = String::new();
+                std::fs::File::from(launched.stdout)
+                    .read_to_string(&mut out)
+                    .unwrap();
+                reap(launched.pid as i32);
+                let v2 = out.lines().find(|l| l.starts_with("0::")).unwrap();
+                assert!(v2.ends_with(&inside), "clone3 {clone3}, {memory:?}: {out}");
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        CLONE3.store(true, std::sync::atomic::Ordering::Relaxed);
+        let probe = spawn(&command, &|| Ok(()), Memory::Shared, Some(target)).unwrap();
+        reap(probe.pid as i32);
+        #[cfg(target_arch = "x86_64")]
+        if clone3_available() {
+            // Born into it indeed (clone3 works here): with a `cgroup.procs`
+            // it cannot move through, the child still starts, in its cgroup.
+            let nowhere = Cgroup {
+                procs: c"/nonexistent/cgroup.procs",
+                ..target
+            };
+            let launched = spawn(&command, &|| Ok(()), Memory::Shared, Some(nowhere)).unwrap();
+            let mut out = String::new();
+            std::fs::File::from(launched.stdout)
+                .read_to_string(&mut out)
+                .unwrap();
+            reap(launched.pid as i32);
+            assert!(out.contains(&inside), "{out}");
+        }
+        cgroup.kill_and_remove();
     }
 }

@@ -175,13 +175,10 @@ fn command(
     )
 }
 
-/// What the child does last before `exec`, entering the cgroup whose
-/// `cgroup.procs` is `enter` (if any): a parent-death signal, its descriptor
-/// limit, its cgroups, its sandbox. System calls only ([`exec`]'s rules).
-fn steps<'a>(
-    enter: Option<&'a std::ffi::CStr>,
-    sandbox: Option<&'a crate::sandbox::Plan>,
-) -> impl Fn() -> std::io::Result<()> + Sync + 'a {
+/// What the child does last before `exec`, in its cgroup: a parent-death
+/// signal, its descriptor limit, its sandbox. System calls only ([`exec`]'s
+/// rules).
+fn steps(sandbox: Option<&crate::sandbox::Plan>) -> impl Fn() -> std::io::Result<()> + Sync + '_ {
     let daemon = std::process::id();
     let nofile = INHERITED_NOFILE.get().copied();
     move || {
@@ -195,9 +192,6 @@ fn steps<'a>(
             if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) } != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-        }
-        if let Some(enter) = enter {
-            crate::cgroup::enter(enter)?;
         }
         // Last: it may drop to another user, and forbids new privileges.
         if let Some(plan) = sandbox {
@@ -458,10 +452,8 @@ impl Drop for Started {
     fn drop(&mut self) {
         if let Some(pid) = self.pid.take() {
             // SAFETY: our own child, not yet reaped (so the pid is its own).
-            unsafe {
-                libc::kill(pid as libc::pid_t, libc::SIGKILL);
-                libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), 0);
-            }
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            exec::reap(pid as libc::pid_t);
         }
     }
 }
@@ -493,20 +485,39 @@ fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
         source,
     };
     let command = command(manifest, sandbox.as_ref()).map_err(spawn_error)?;
-    let enter = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
+    let entry = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
+    // Open for clone3, which starts the child in it.
+    let dir = cgroup
+        .as_ref()
+        .map(|c| std::fs::File::open(c.dir()))
+        .transpose()
+        .map_err(spawn_error)?;
+    let target = dir
+        .as_ref()
+        .zip(entry.as_deref())
+        .map(|(dir, procs)| exec::Cgroup {
+            dir: std::os::fd::AsFd::as_fd(dir),
+            procs,
+        });
     // A child that becomes another user gets a copy of the daemon's memory
     // (see `exec::Memory::Copied`); every other one borrows it.
     let memory = match &sandbox {
         Some(plan) if plan.changes_user() => exec::Memory::Copied,
         _ => exec::Memory::Shared,
     };
-    let spawned = exec::spawn(&command, &steps(enter.as_deref(), sandbox.as_ref()), memory);
+    let spawned = exec::spawn(&command, &steps(sandbox.as_ref()), memory, target);
     let process = match spawned {
         Ok(process) => process,
         // The move into the cgroup may be what failed (a parent cgroup
-        // that refuses it): try once without, and say so if that works.
-        Err(first) if cgroup.is_some() => {
-            let process = exec::spawn(&command, &steps(None, sandbox.as_ref()), memory)
+        // that refuses it): try once without, and say so if that works;
+        // never when the child's limits are in that cgroup.
+        Err(first)
+            if cgroup.is_some()
+                && !sandbox
+                    .as_ref()
+                    .is_some_and(crate::sandbox::Plan::limits_in_cgroup) =>
+        {
+            let process = exec::spawn(&command, &steps(sandbox.as_ref()), memory, None)
                 .map_err(spawn_error)?;
             tracing::warn!(
                 toolbox = %manifest.id,

@@ -42,12 +42,15 @@ static DAEMON_GROUPS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec
 /// A child's limits, set up before it starts.
 #[derive(Debug, Default)]
 pub struct Limited {
-    /// `cgroup.procs` of the v1 groups the child enters before its exec.
+    /// `tasks` of the v1 groups the child enters before its exec.
     pub entries: Vec<CString>,
     /// Those v1 groups, removed once the child is gone.
     v1_dirs: Vec<PathBuf>,
     /// How each limit holds, in words, for `check --sandbox` and status.
     pub how: Vec<String>,
+    /// Whether a limit was written into the child's own (v2) cgroup: a
+    /// child started without that cgroup would run without it.
+    pub in_child_cgroup: bool,
 }
 
 /// Sets `sandbox`'s limits for a child of toolbox `id`, in its v2 cgroup
@@ -70,6 +73,7 @@ pub fn set_up(
         };
         if let Some(dir) = v2_child.filter(|dir| dir.join(knob.v2_file).exists()) {
             write(&dir.join(knob.v2_file), value)?;
+            limited.in_child_cgroup = true;
             limited
                 .how
                 .push(format!("{shown}: cgroup v2 {}", knob.v2_file));
@@ -78,7 +82,10 @@ pub fn set_up(
         match v1_group(id, knob.v1_controller) {
             Ok(dir) => {
                 write(&dir.join(knob.v1_file), value)?;
-                let procs = dir.join("cgroup.procs");
+                // The child, one thread until its exec, moves that thread:
+                // a thread's move takes no global lock, where a process's
+                // waits for an RCU grace period first after a pause.
+                let procs = dir.join("tasks");
                 let entry =
                     CString::new(procs.into_os_string().into_encoded_bytes()).map_err(|e| {
                         SandboxError::Dir {

@@ -379,6 +379,12 @@ pub(crate) fn secret(name: &str, source: &str) -> Result<String, SandboxError> {
 }
 
 impl Plan {
+    /// Whether a limit of the child's lives in its own cgroup (v2), which it
+    /// must then not be started without.
+    pub fn limits_in_cgroup(&self) -> bool {
+        self.limits.in_child_cgroup
+    }
+
     /// Whether the child becomes another user (`user` in the manifest).
     pub fn changes_user(&self) -> bool {
         self.ids.is_some()
