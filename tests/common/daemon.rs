@@ -49,38 +49,17 @@ impl Daemon {
         let control = given
             .clone()
             .unwrap_or_else(|| control_dir.path().join("ctl.sock"));
-        let mut command = Command::new(BIN);
-        command.arg("--log-format").arg("json").arg("run");
-        if given.is_none() {
-            command.arg("--control").arg(&control);
-        }
-        let mut child = command
-            .args(args)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn toolboxd");
-        let stderr = child.stderr.take().unwrap();
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel::<String>();
-        let sink = logs.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if std::env::var_os("TOOLBOXD_TEST_LOGS").is_some() {
-                    eprintln!("{line}");
-                }
-                sink.lock().unwrap().push(line.clone());
-                let _ = tx.send(line);
-            }
-        });
+        let control_arg = control.to_string_lossy().into_owned();
+        let extra: &[&str] = match given {
+            None => &["--control", &control_arg],
+            Some(_) => &[],
+        };
+        let (mut child, logs, rx) = run_logged(extra, args, env);
         let mut url = None;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Ok(line) = rx.recv_timeout(left) else {
+            let Ok((_, line)) = rx.recv_timeout(left) else {
                 // Do not leave a half-started daemon behind.
                 let _ = child.kill();
                 let _ = child.wait();
@@ -259,30 +238,7 @@ pub struct Starting {
 
 impl Starting {
     pub fn spawn(args: &[&str], env: &[(&str, &str)], control: &Path) -> Starting {
-        let mut child = Command::new(BIN)
-            .args(["--log-format", "json", "run"])
-            .args(args)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn toolboxd");
-        let stderr = child.stderr.take().unwrap();
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let (tx, lines) = std::sync::mpsc::channel();
-        let sink = logs.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let at = Instant::now();
-                if std::env::var_os("TOOLBOXD_TEST_LOGS").is_some() {
-                    eprintln!("{line}");
-                }
-                sink.lock().unwrap().push(line.clone());
-                let _ = tx.send((at, line));
-            }
-        });
+        let (child, logs, lines) = run_logged(&[], args, env);
         Starting {
             child: Some(child),
             control: control.to_owned(),
@@ -378,4 +334,45 @@ pub fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap()
+}
+
+/// `toolboxd --log-format json run EXTRA ARGS` with `env`, its stderr read
+/// by a thread: every line kept in the returned log and also handed out,
+/// with when it arrived (`TOOLBOXD_TEST_LOGS=1` echoes them).
+#[allow(clippy::type_complexity)]
+fn run_logged(
+    extra: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (
+    Child,
+    Arc<Mutex<Vec<String>>>,
+    std::sync::mpsc::Receiver<(Instant, String)>,
+) {
+    let mut child = Command::new(BIN)
+        .args(["--log-format", "json", "run"])
+        .args(extra)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn toolboxd");
+    let stderr = child.stderr.take().unwrap();
+    let logs = Arc::new(Mutex::new(Vec::new()));
+    let (tx, lines) = std::sync::mpsc::channel();
+    let sink = logs.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let at = Instant::now();
+            if std::env::var_os("TOOLBOXD_TEST_LOGS").is_some() {
+                eprintln!("{line}");
+            }
+            sink.lock().unwrap().push(line.clone());
+            let _ = tx.send((at, line));
+        }
+    });
+    (child, logs, lines)
 }
