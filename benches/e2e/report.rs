@@ -214,24 +214,11 @@ pub(crate) fn commit() -> (Option<String>, Vec<String>) {
 
 /// UTC "YYYY-MM-DD HH:MM" of a SystemTime.
 pub(crate) fn utc(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil from days (H. Hinnant).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    // "YYYY-MM-DDTHH:MM:SS.mmmZ" from the daemon's own clock.
+    let full = toolboxd::clock::rfc3339(t);
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60
+        "{} UTC",
+        full.get(..16).unwrap_or(&full).replacen('T', " ", 1)
     )
 }
 
