@@ -33,8 +33,8 @@ pub struct Cgroups {
 pub struct Cgroup {
     /// Its directory.
     dir: PathBuf,
-    /// `<dir>/cgroup.procs`, prepared before fork so the child can move
-    /// itself in without allocating.
+    /// `<dir>/cgroup.procs`, prepared before the child starts so that it
+    /// can move itself in without allocating (where it is not born in it).
     procs: CString,
 }
 

@@ -198,7 +198,7 @@ fn main() -> ExitCode {
     }
     init_logging(cli.log_format);
     // One thread: a single-threaded runtime is the faster one for a relay
-    // like this (see docs/performance.md). Children are forked on spawner
+    // like this (see docs/performance.md). Children are started on spawner
     // threads of their own (child/spawner.rs).
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -1,7 +1,9 @@
 //! How a child process is started: as `vfork` does (`CLONE_VM |
-//! CLONE_VFORK`), rather than `fork`; with `clone3` on x86_64, where the
-//! child continues on the starting thread's stack below its frame, and with
-//! `clone` on a stack of its own elsewhere (as `posix_spawn` does).
+//! CLONE_VFORK`), rather than `fork` (a child that changes its user gets a
+//! copy of the memory all the same: [`Memory::Copied`]). Into a cgroup on
+//! x86_64, with `clone3`, where the child continues on the starting thread's
+//! stack below its frame; elsewhere, or where `clone3` fails, with `clone`
+//! on a spare stack (as `posix_spawn` does).
 //!
 //! A fork copies the daemon's page tables and write-protects its memory; until
 //! the child calls `exec`, every page the daemon's other threads write is
@@ -557,7 +559,8 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
-/// The child's stack: mapped for one spawn, with a guard page below.
+/// A spare stack for children started by `clone`, with a guard page below;
+/// one per thread, kept ([`STACK`]).
 struct Stack {
     base: *mut libc::c_void,
 }

@@ -4,8 +4,7 @@
 //! A spawn is slow for an event loop: the sandbox plan takes a few hundred
 //! system calls, and the starting thread then waits until the child has
 //! entered its cgroups, applied Landlock and seccomp and called `exec`
-//! (about 1.5 ms in all; the first spawn far longer, while the kernel's
-//! cgroup lock leaves its fast path). On the runtime's one thread, twenty
+//! (about 1 ms in all; child/exec.rs). On the runtime's one thread, twenty
 //! toolboxes starting together stalled every call for the sum, one after
 //! another. Here spawns run beside the calls, [`THREADS`] at a time.
 //!

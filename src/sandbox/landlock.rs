@@ -4,7 +4,7 @@
 //!
 //! The policy is made ready in the daemon ([`prepare`]), where allocating
 //! and opening files is fine: each path opened, each rule checked by the
-//! kernel once. Between fork and exec the child ([`Prepared::apply_in_child`])
+//! kernel once. Before its exec the child ([`Prepared::apply_in_child`])
 //! makes its own ruleset from those fds with raw system calls only, adds its
 //! own `/proc/<pid>` (which only it can name) and enforces it.
 //!

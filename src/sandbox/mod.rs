@@ -1,8 +1,8 @@
 //! Confinement of a toolbox's child (docs/security.md): what the standard
 //! profile applies. Everything that reads files, allocates or may fail for a
 //! reason worth saying happens in the daemon before the child starts
-//! ([`plan`]); the child, which shares the daemon's memory until its exec
-//! (`child/exec.rs`), only makes system calls ([`Plan::apply_in_child`]).
+//! ([`plan`]); the child, which may share the daemon's memory until its
+//! exec (`child/exec.rs`), only makes system calls ([`Plan::apply_in_child`]).
 //!
 //! The standard profile gives a child: an environment built from an
 //! allow-list (`env_pass`), the manifest's `env` and its `secrets`, never the
@@ -424,9 +424,11 @@ impl Plan {
                     }
                 }
             }
-            // Raw system calls: the child shares the daemon's memory until
-            // exec (child/exec.rs), and glibc's wrappers would change the
-            // credentials of every thread they find there, the daemon's.
+            // Raw system calls: glibc's wrappers change the credentials of
+            // every thread they find in the memory they run in, and a child
+            // that does not change its user shares the daemon's
+            // (child/exec.rs); one that does gets a copy, but keep the
+            // calls that are safe in both.
             if let Some((uid, gid)) = self.ids {
                 if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
                     || libc::syscall(libc::SYS_setgid, gid) != 0

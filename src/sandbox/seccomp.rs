@@ -179,7 +179,7 @@ fn target_arch() -> Option<TargetArch> {
     return None;
 }
 
-/// A compiled filter, built in the daemon before fork (allocation happens
+/// A compiled filter, built in the daemon before the child starts (allocation happens
 /// here), installed in a child by [`Prepared::apply_in_child`].
 #[derive(Debug, Clone)]
 pub struct Prepared {
