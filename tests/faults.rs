@@ -17,7 +17,7 @@ async fn crash_mid_call_fails_that_call_at_once_and_restarts() {
     let s = Setup::new("crash", "", SLOW_RESTART);
     let daemon = Daemon::start(s.dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
-    let pid = daemon.status("faulty")["pids"][0].as_u64().unwrap();
+    let pid = common::pid_of(&daemon, "faulty");
     let (data, took) = call(&mut bus, "faulty", "crash", json!({"code": 3})).await;
     assert_eq!(
         data["error"],
@@ -156,13 +156,7 @@ async fn exit_during_handshake_exhausts_the_budget_and_fails_fast() {
     );
     assert!(took < Duration::from_millis(500), "{took:?}");
     // A failed toolbox is hosted but not listed (the neighbour is).
-    let r = bus.request("ovos.tools.list", json!({})).await;
-    let owners: Vec<&str> = r["data"]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["toolbox_id"].as_str().unwrap())
-        .collect();
+    let owners = bus.listed_owners().await;
     assert!(
         !owners.is_empty() && owners.iter().all(|o| *o == "math"),
         "{owners:?}"
@@ -263,7 +257,7 @@ async fn a_child_that_ignores_its_liveness_probe_is_killed_and_restarted() {
         &format!("protocol = \"2025-06-18\"\n{FAST_RESTART}[limits]\nprobe_interval_s = 1\nprobe_timeout_s = 1\n"),
     );
     let daemon = Daemon::start(s.dir.path());
-    let first = daemon.status("faulty")["pids"][0].as_u64().unwrap();
+    let first = common::pid_of(&daemon, "faulty");
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let row = daemon.status("faulty");

@@ -229,18 +229,7 @@ fn the_daemons_loop_never_waits_on_a_toolbox() {
     systemd
         .set_read_timeout(Some(Duration::from_millis(100)))
         .unwrap();
-    let daemon = Daemon::start_env(
-        &[
-            "--manifests",
-            dir.path().to_str().unwrap(),
-            "--embedded-bus",
-            "127.0.0.1:0",
-        ],
-        &[
-            ("NOTIFY_SOCKET", path.to_str().unwrap()),
-            ("WATCHDOG_USEC", "200000"),
-        ],
-    );
+    let daemon = Daemon::start_notifying(dir.path(), &path);
     // The stubborn child takes about 6 s to stop (stdin, 3 s, SIGTERM, 3 s).
     let stopping = std::thread::spawn({
         let control = daemon.control.clone();

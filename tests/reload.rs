@@ -48,15 +48,9 @@ async fn reload_applies_the_manifest_diff() {
         change_pid,
         "changed toolbox got a new child"
     );
-    let r = bus.request("ovos.tools.list", json!({})).await;
-    let owners: Vec<&str> = r["data"]["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["toolbox_id"].as_str().unwrap())
-        .collect();
+    let owners = bus.listed_owners().await;
     assert!(
-        owners.contains(&"added") && !owners.contains(&"remove"),
+        owners.iter().any(|o| o == "added") && !owners.iter().any(|o| o == "remove"),
         "{owners:?}"
     );
     assert_eq!(
@@ -119,18 +113,7 @@ fn systemd_hears_ready_reloading_watchdog_and_stopping() {
     systemd
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    let mut daemon = Daemon::start_env(
-        &[
-            "--manifests",
-            dir.path().to_str().unwrap(),
-            "--embedded-bus",
-            "127.0.0.1:0",
-        ],
-        &[
-            ("NOTIFY_SOCKET", path.to_str().unwrap()),
-            ("WATCHDOG_USEC", "200000"),
-        ],
-    );
+    let mut daemon = Daemon::start_notifying(dir.path(), &path);
     let mut buf = [0u8; 512];
     let mut next = || {
         let n = systemd.recv(&mut buf).expect("a notification");

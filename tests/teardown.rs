@@ -241,20 +241,11 @@ async fn one_process_per_toolbox_and_nothing_outlives_a_killed_daemon() {
     let s = Setup::new("tree", "", "");
     let mut daemon = Daemon::start(s.dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
-    // A grandchild in a session (and process group) of its own.
-    let (data, _) = call(
-        &mut bus,
-        "faulty",
-        "spawn_grandchild",
-        json!({"die": false, "setsid": true}),
-    )
-    .await;
-    assert_eq!(data["result"], json!({"ok": true}));
-    let grandchild = s.grandchildren()[0];
+    let grandchild = setsid_grandchild(&mut bus, &s).await;
     // Status shows each toolbox's own pid...
     let (who, _) = call(&mut bus, "faulty", "whoami", json!({})).await;
-    let faulty = daemon.status("faulty")["pids"][0].as_u64().unwrap() as u32;
-    let math = daemon.status("math")["pids"][0].as_u64().unwrap() as u32;
+    let faulty = common::pid_of(&daemon, "faulty") as u32;
+    let math = common::pid_of(&daemon, "math") as u32;
     assert_eq!(who["result"]["pid"].as_u64(), Some(faulty as u64));
     // ...and the daemon's children are the two toolboxes and at most one helper.
     let children = children_of(daemon.pid());
@@ -282,15 +273,7 @@ async fn a_setsid_grandchild_ends_with_ctl_stop() {
     let s = Setup::new("setsid-stop", "", "");
     let daemon = Daemon::start(s.dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
-    let (data, _) = call(
-        &mut bus,
-        "faulty",
-        "spawn_grandchild",
-        json!({"die": false, "setsid": true}),
-    )
-    .await;
-    assert_eq!(data["result"], json!({"ok": true}));
-    let grandchild = nix::unistd::Pid::from_raw(s.grandchildren()[0]);
+    let grandchild = nix::unistd::Pid::from_raw(setsid_grandchild(&mut bus, &s).await);
     assert!(nix::sys::signal::kill(grandchild, None).is_ok());
     let (code, out, err) = daemon.ctl(&["stop", "faulty"]);
     assert_eq!(code, 0, "{out}{err}");
@@ -298,4 +281,18 @@ async fn a_setsid_grandchild_ends_with_ctl_stop() {
         nix::sys::signal::kill(grandchild, None).is_err()
     });
     neighbour_answers(&mut bus).await;
+}
+
+/// Has the fixture start a grandchild in a session (and process group) of
+/// its own, and returns its pid.
+async fn setsid_grandchild(bus: &mut Bus, s: &Setup) -> i32 {
+    let (data, _) = call(
+        bus,
+        "faulty",
+        "spawn_grandchild",
+        json!({"die": false, "setsid": true}),
+    )
+    .await;
+    assert_eq!(data["result"], json!({"ok": true}));
+    s.grandchildren()[0]
 }

@@ -273,6 +273,17 @@ impl Bus {
         self.request("ovos.persona.tools.call", data).await["data"].clone()
     }
 
+    /// The toolbox of every tool `ovos.tools.list` lists, in its order.
+    pub async fn listed_owners(&mut self) -> Vec<String> {
+        let r = self.request("ovos.tools.list", json!({})).await;
+        r["data"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["toolbox_id"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
     /// Sends a request marked uniquely and returns the first matching
     /// response; fails the test after `ANSWER_DEADLINE`.
     pub async fn request(&mut self, topic: &str, data: Value) -> Value {

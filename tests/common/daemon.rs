@@ -37,6 +37,18 @@ impl Daemon {
         Daemon::start_until(args, env, "ready")
     }
 
+    /// A daemon on the manifests in `dir` with an embedded bus, telling the
+    /// systemd notify socket at `notify` its state, with a 200 ms watchdog.
+    pub fn start_notifying(dir: &Path, notify: &Path) -> Daemon {
+        let manifests = dir.to_str().unwrap();
+        let args = ["--manifests", manifests, "--embedded-bus", "127.0.0.1:0"];
+        let notify = notify.to_str().unwrap();
+        Daemon::start_env(
+            &args,
+            &[("NOTIFY_SOCKET", notify), ("WATCHDOG_USEC", "200000")],
+        )
+    }
+
     /// Starts `toolboxd run` and waits until it logs `message` (a line whose
     /// message starts with it); the bus URL is the `--bus` or the one "ready"
     /// names.
