@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Duration;
 
-use futures_util::{FutureExt, SinkExt, StreamExt};
+use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
@@ -445,32 +445,22 @@ async fn client(
         // The queue was dropped: this client was removed as stuck.
     };
     let reader = async {
-        // A frame already read behind the one just relayed.
-        let mut early = None;
         loop {
-            let frame = match early.take() {
-                Some(frame) => frame,
-                None => {
-                    // Every frame of the burst is relayed: the ACK is re-armed
-                    // once for them all before the reader waits (one system
-                    // call a burst, not one a frame).
-                    tcp::quickack(&fd);
-                    // A client in the middle of a message must finish it in time.
-                    let next = source.next();
-                    if unfinished.load(Ordering::Relaxed) > 0 {
-                        match tokio::time::timeout(PARTIAL_TIMEOUT, next).await {
-                            Ok(frame) => frame,
-                            Err(_) => {
-                                tracing::warn!(%peer, id, "bus client left a message unfinished for {PARTIAL_TIMEOUT:?}; disconnecting it");
-                                return;
-                            }
-                        }
-                    } else {
-                        next.await
+            // A client in the middle of a message must finish it in time.
+            let next = source.next();
+            let frame = if unfinished.load(Ordering::Relaxed) > 0 {
+                match tokio::time::timeout(PARTIAL_TIMEOUT, next).await {
+                    Ok(frame) => frame,
+                    Err(_) => {
+                        tracing::warn!(%peer, id, "bus client left a message unfinished for {PARTIAL_TIMEOUT:?}; disconnecting it");
+                        return;
                     }
                 }
+            } else {
+                next.await
             };
             let Some(frame) = frame else { return };
+            tcp::quickack(&fd);
             Metered::settle(&unfinished, &clients.partial);
             match frame {
                 Ok(WsMessage::Text(text)) => clients.broadcast(&text, own).await,
@@ -481,7 +471,6 @@ async fn client(
                     return;
                 }
             }
-            early = source.next().now_or_never();
         }
     };
     tokio::select! {
