@@ -177,8 +177,38 @@ pub(crate) fn daemon_env(
     flags: &[&str],
     env: &[(&str, &Path)],
 ) -> (Proc, String) {
+    run_daemon(&["--bus", url], dir, socket, flags, env)
+}
+
+/// toolboxd serving its own embedded bus on an ephemeral loopback port, with
+/// the manifests in `dir`: the daemon is the bus (its URL read back from the
+/// `ready` line).
+pub(crate) fn daemon_embedding(dir: &Path) -> Bus {
+    let bus = ["--embedded-bus", "127.0.0.1:0"];
+    let (proc, ready) = run_daemon(&bus, dir, &dir.join("ctl.sock"), &[], &[]);
+    let url = serde_json::from_str::<Value>(&ready)
+        .ok()
+        .and_then(|v| v["bus"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no bus in the daemon's ready line {ready}"));
+    Bus {
+        proc,
+        url,
+        name: "toolboxd's own",
+    }
+}
+
+/// `toolboxd run` with `bus` (the bus flags) and the rest as for [`daemon_env`].
+fn run_daemon(
+    bus: &[&str],
+    dir: &Path,
+    socket: &Path,
+    flags: &[&str],
+    env: &[(&str, &Path)],
+) -> (Proc, String) {
     let mut child = Command::new(TOOLBOXD)
-        .args(["--log-format", "json", "run", "--bus", url, "--manifests"])
+        .args(["--log-format", "json", "run"])
+        .args(bus)
+        .arg("--manifests")
         .arg(dir)
         .arg("--control")
         .arg(socket)
