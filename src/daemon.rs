@@ -198,8 +198,9 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
 struct FoundBus {
     /// Its URL.
     url: String,
-    /// The connection made while looking, if one was.
-    first: Option<client::Connection>,
+    /// The connection made while looking, or the in-process one to the
+    /// embedded bus.
+    first: Option<client::Link>,
     /// The embedded bus, if the daemon serves one; ends after `finished`.
     server: Option<JoinHandle<()>>,
 }
@@ -224,7 +225,7 @@ async fn find_bus(
     match client::connect(&url).await {
         Ok(connection) => Ok(FoundBus {
             url,
-            first: Some(connection),
+            first: Some(client::Link::Remote(Box::new(connection))),
             server: None,
         }),
         Err(e) if e.is_refused() => {
@@ -266,11 +267,14 @@ async fn embed(
         .await
         .map_err(|source| DaemonError::Bind { addr, source })?;
     let local = listener.local_addr().unwrap_or(addr);
-    let serving = tokio::spawn(server::serve(listener, finished.clone(), any_origin));
+    let hub = server::Hub::new();
+    // The daemon joins the bus it serves in process, not over a socket.
+    let own = hub.local();
+    let serving = tokio::spawn(server::serve(listener, hub, finished.clone(), any_origin));
     tracing::info!(addr = %local, "embedded bus listening");
     Ok(FoundBus {
         url: format!("ws://{local}{}", server::ROUTE),
-        first: None,
+        first: Some(client::Link::Local(own)),
         server: Some(serving),
     })
 }

@@ -366,6 +366,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             tracing::info!(addr = %listener.local_addr().unwrap_or(listen), "messagebus listening");
             let server = tokio::spawn(toolboxd::bus::server::serve(
                 listener,
+                toolboxd::bus::server::Hub::new(),
                 shutdown,
                 allow_any_origin,
             ));

@@ -170,6 +170,48 @@ async fn bus_command_relays_to_every_client_including_the_sender() {
 }
 
 #[tokio::test]
+async fn run_joins_the_bus_it_embeds_in_process_not_over_a_socket() {
+    let dir = TempDir::new("own-bus");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let connected = daemon.log_lines_with("connected to the bus");
+    assert_eq!(connected.len(), 1, "{connected:?}");
+    assert_eq!(connected[0]["in_process"], true, "{connected:?}");
+    let port: u16 = daemon
+        .url
+        .trim_end_matches("/core")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // No TCP connection to the bus: the daemon is its only client.
+    assert_eq!(connections_to(port), 0);
+    let mut client = Bus::connect(&daemon.url).await;
+    let r = client
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": 4, "b": 5}}),
+        )
+        .await;
+    assert_eq!(r["data"]["result"]["result"], 9, "{r}");
+    // The client's connection, both of its ends, and nothing else.
+    assert_eq!(connections_to(port), 2);
+}
+
+/// Established TCP connections on this machine with `port` at either end.
+fn connections_to(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f[3] == "01" && (f[1].ends_with(&port) || f[2].ends_with(&port)))
+        .count()
+}
+
+#[tokio::test]
 async fn run_reports_a_bad_manifest_and_serves_the_good_ones() {
     let dir = TempDir::new("runbad");
     dir.write("math.toml", &math_manifest("math"));

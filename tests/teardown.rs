@@ -82,9 +82,24 @@ async fn sigterm_lets_calls_in_flight_finish_before_exiting() {
     let url = format!("ws://127.0.0.1:{port}/core");
     let dir = TempDir::new("drain");
     dir.write("math.toml", &math_manifest("math"));
-    let mut daemon =
-        Daemon::start_with(&["--manifests", dir.path().to_str().unwrap(), "--bus", &url]);
-    let mut bus = Bus::connect(&url).await;
+    let daemon = Daemon::start_with(&["--manifests", dir.path().to_str().unwrap(), "--bus", &url]);
+    a_call_in_flight_is_answered_before_the_exit(daemon).await;
+    bus_process.kill().unwrap();
+    bus_process.wait().unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_lets_calls_in_flight_finish_on_the_daemons_own_bus() {
+    // The answer goes out on the bus that shuts down with the daemon.
+    let dir = TempDir::new("drain-own");
+    dir.write("math.toml", &math_manifest("math"));
+    a_call_in_flight_is_answered_before_the_exit(Daemon::start(dir.path())).await;
+}
+
+/// Calls `sleep` on `math`, stops the daemon once the call runs: the answer
+/// arrives, and the daemon exits 0.
+async fn a_call_in_flight_is_answered_before_the_exit(mut daemon: Daemon) {
+    let mut bus = Bus::connect(&daemon.url).await;
     bus.send(
         "ovos.tools.invoke",
         json!({"name": "sleep", "args": {"seconds": 1}}),
@@ -104,8 +119,6 @@ async fn sigterm_lets_calls_in_flight_finish_before_exiting() {
     assert_eq!(answers.len(), 1);
     assert_eq!(answers[0]["data"]["result"], json!({"slept": 1}));
     assert!(stopping.join().unwrap().success());
-    bus_process.kill().unwrap();
-    bus_process.wait().unwrap();
 }
 
 /// CLOCK_MONOTONIC in seconds: the clock the fixture notes its events on.

@@ -33,6 +33,14 @@ pub struct Connection {
     pub nodelay_peer: bool,
 }
 
+/// How the daemon reaches the bus.
+pub enum Link {
+    /// A websocket connection (boxed: the other variant is a few words).
+    Remote(Box<Connection>),
+    /// In process: the daemon serves the bus itself (`run --embedded-bus`).
+    Local(super::server::LocalPeer),
+}
+
 /// Why the bus could not be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -134,17 +142,25 @@ pub async fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BusError> {
 
 /// Keeps a connection to `url` until shutdown: reconnects with backoff (100 ms
 /// doubling to 5 s), hands every incoming text frame to `on_frame`, sends every
-/// frame from `outgoing`. `connected` tells whether a connection is up.
+/// frame from `outgoing`. `connected` tells whether a connection is up. With
+/// `first` a [`Link::Local`], serves that link instead, which lasts as long as
+/// the bus.
 pub async fn run(
     url: String,
-    first: Option<Connection>,
+    first: Option<Link>,
     mut outgoing: mpsc::UnboundedReceiver<String>,
     mut on_frame: impl FnMut(&str),
     connected: watch::Sender<bool>,
     mut shutdown: Shutdown,
 ) {
+    let mut next = match first {
+        Some(Link::Local(peer)) => {
+            return run_local(&url, peer, outgoing, on_frame, connected, shutdown).await
+        }
+        Some(Link::Remote(connection)) => Some(*connection),
+        None => None,
+    };
     let mut delay = Duration::from_millis(100);
-    let mut next = first;
     loop {
         let Connection { ws, nodelay_peer } = match next.take() {
             Some(connection) => connection,
@@ -239,4 +255,46 @@ pub async fn run(
         let _ = connected.send(false);
         tracing::warn!(bus = %url, "{ended}; reconnecting");
     }
+}
+
+/// [`run`] on the bus this process serves: the same hand-over of frames, in
+/// bursts, with no socket between.
+async fn run_local(
+    url: &str,
+    mut peer: super::server::LocalPeer,
+    mut outgoing: mpsc::UnboundedReceiver<String>,
+    mut on_frame: impl FnMut(&str),
+    connected: watch::Sender<bool>,
+    mut shutdown: Shutdown,
+) {
+    tracing::info!(bus = %url, in_process = true, "connected to the bus");
+    let _ = connected.send(true);
+    loop {
+        tokio::select! {
+            frame = peer.recv() => {
+                let Some(frame) = frame else { break };
+                on_frame(frame.as_str());
+                // At most a burst's worth, so sending is never starved.
+                for _ in 1..MAX_BURST {
+                    let Some(frame) = peer.try_recv() else { break };
+                    on_frame(frame.as_str());
+                }
+            }
+            frame = outgoing.recv() => {
+                let Some(frame) = frame else { break };
+                peer.send(frame.into()).await;
+                while let Ok(more) = outgoing.try_recv() {
+                    peer.send(more.into()).await;
+                }
+            }
+            _ = shutdown.recv() => {
+                // Answers queued by the last calls still go out.
+                while let Ok(frame) = outgoing.try_recv() {
+                    peer.send(frame.into()).await;
+                }
+                break;
+            }
+        }
+    }
+    let _ = connected.send(false);
 }

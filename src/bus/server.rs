@@ -260,11 +260,87 @@ impl tokio::io::AsyncWrite for Metered {
     }
 }
 
-/// Serves the bus on `listener` until shutdown. Browsers are kept out: a
-/// connection with an `Origin` header is accepted only from a loopback
-/// origin, unless `any_origin`.
-pub async fn serve(listener: TcpListener, mut shutdown: Shutdown, any_origin: bool) {
-    let clients = Arc::new(Clients::default());
+/// The embedded bus's clients: what its connections share, and what the
+/// daemon joins in process ([`Hub::local`]) when it serves the bus itself.
+#[derive(Clone, Default)]
+pub struct Hub {
+    /// Every client's queue.
+    clients: Arc<Clients>,
+}
+
+impl Hub {
+    /// A bus with no client yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Joins the bus from inside this process, as the daemon's own client
+    /// (never dropped: when its queue is full, other senders wait). Frames
+    /// pass as shared buffers: no socket, no websocket framing, no copy.
+    pub fn local(&self) -> LocalPeer {
+        let id = self.clients.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        let budget = Budget::Wait(Arc::new(tokio::sync::Semaphore::new(OWN_QUEUE_BYTES)));
+        self.clients
+            .queues
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                id,
+                Queue {
+                    tx,
+                    budget: budget.clone(),
+                },
+            );
+        tracing::debug!(id, "bus client connected in process");
+        LocalPeer {
+            id,
+            inbox: Inbox { rx, budget },
+            clients: self.clients.clone(),
+        }
+    }
+}
+
+/// The daemon's own client of the bus it serves, in process: what
+/// [`Hub::local`] gives. Leaves the bus when dropped.
+pub struct LocalPeer {
+    /// Its number among the clients.
+    id: u64,
+    /// The frames relayed to it.
+    inbox: Inbox,
+    /// The clients it sends to.
+    clients: Arc<Clients>,
+}
+
+impl LocalPeer {
+    /// The next frame relayed to this client; `None` once the bus is gone.
+    pub async fn recv(&mut self) -> Option<Utf8Bytes> {
+        self.inbox.recv().await
+    }
+
+    /// A frame already relayed to this client, without waiting.
+    pub fn try_recv(&mut self) -> Option<Utf8Bytes> {
+        self.inbox.try_recv()
+    }
+
+    /// Relays `frame` to every client, this one included, as a frame it sent
+    /// over a socket would be. Never waits on this client's own queue.
+    pub async fn send(&self, frame: Utf8Bytes) {
+        self.clients.broadcast(&frame, true).await;
+    }
+}
+
+impl Drop for LocalPeer {
+    fn drop(&mut self) {
+        self.clients.remove(self.id);
+    }
+}
+
+/// Serves the bus on `listener` until shutdown, to the clients of `hub`.
+/// Browsers are kept out: a connection with an `Origin` header is accepted
+/// only from a loopback origin, unless `any_origin`.
+pub async fn serve(listener: TcpListener, hub: Hub, mut shutdown: Shutdown, any_origin: bool) {
+    let clients = hub.clients;
     let mut accept_errors = crate::throttle::LogBudget::new(1);
     loop {
         let accepted = tokio::select! {
@@ -473,15 +549,32 @@ async fn client(
             }
         }
     };
-    tokio::select! {
-        _ = writer => {}
-        _ = reader => {}
-        _ = shutdown.recv() => {}
+    let shut = tokio::select! {
+        _ = writer => false,
+        _ = reader => false,
+        _ = shutdown.recv() => true,
+    };
+    if !shut {
+        clients.remove(id);
     }
-    clients.remove(id);
-    // Answers a client's Close (RFC 6455 §5.5.1), or says goodbye; never
-    // waits long on a client that does not read.
-    let _ = tokio::time::timeout(Duration::from_secs(1), sink.close()).await;
+    let goodbye = async {
+        if shut {
+            // What was relayed before shutdown still goes out, the daemon's
+            // last answers included: every task woken by the same shutdown
+            // (its in-process client among them) runs before this one goes on.
+            tokio::task::yield_now().await;
+            clients.remove(id);
+            while let Some(frame) = rx.try_recv() {
+                if sink.feed(WsMessage::Text(frame)).await.is_err() {
+                    break;
+                }
+            }
+        }
+        // Answers a client's Close (RFC 6455 §5.5.1), or says goodbye.
+        let _ = sink.close().await;
+    };
+    // Never waits long on a client that does not read.
+    let _ = tokio::time::timeout(Duration::from_secs(1), goodbye).await;
     tracing::debug!(%peer, id, "bus client disconnected");
 }
 
@@ -514,43 +607,4 @@ impl Inbox {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn the_handshake_says_this_bus_sets_nodelay() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("ws://{}{ROUTE}", listener.local_addr().unwrap());
-        let (trigger, shutdown) = crate::shutdown::ShutdownTrigger::new();
-        let bus = tokio::spawn(serve(listener, shutdown, false));
-        let connection = crate::bus::client::connect(&url).await.unwrap();
-        assert!(
-            connection.nodelay_peer,
-            "a client of this bus skips QUICKACK"
-        );
-        drop(connection);
-        trigger.trigger();
-        let _ = bus.await;
-    }
-
-    #[test]
-    fn only_loopback_origins_pass() {
-        for ok in [
-            "http://localhost:8080",
-            "http://127.0.0.1",
-            "https://[::1]:3000",
-            "http://127.8.9.1",
-        ] {
-            assert!(loopback_origin(ok), "{ok}");
-        }
-        for bad in [
-            "null",
-            "http://evil.example",
-            "http://192.168.1.5",
-            "http://localhost.evil.example",
-            "",
-        ] {
-            assert!(!loopback_origin(bad), "{bad}");
-        }
-    }
-}
+mod tests;
