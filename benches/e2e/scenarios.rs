@@ -1,5 +1,5 @@
-//! The scenarios, in the order they run; `--only` picks some by number
-//! (4 needs 1 and 3: it compares their bare echo loads).
+//! The scenarios, in the order they run (12 after 2); `--only` picks some by
+//! number (4 needs 1 and 3: it compares their bare echo loads).
 
 use super::*;
 
@@ -155,30 +155,32 @@ pub(crate) async fn bench(b: &mut Bench) {
     }
     drop(bus);
     if b.runs("12") {
-        // 12: scenario 1's C=8 on toolboxd's own embedded bus (`run
+        // 12: scenario 1 on toolboxd's own embedded bus (`run
         // --embedded-bus`): the daemon is the bus, the echo responder its
         // bystander peer there, as on a device where toolboxd is the bus.
+        // (Run here, while no other bus is up.)
         let dir = tempdir("own-bus");
         compiled.manifest(&dir, "box", "");
         let own = daemon_embedding(&dir);
-        let echo = echo_responder(&own.url);
-        let what = "bare echo responder (Rust), toolboxd idle";
-        let e = b.load("12", what, &own, Call::Echo, 8, echo.pid()).await;
-        drop(echo);
-        let pid = own.proc.pid();
-        let t = b
-            .load("12", "toolboxd → compiled child", &own, Call::Add, 8, pid)
-            .await;
-        b.rate_row(
-            "12-c8-rate",
-            "C=8: calls/s, toolboxd → compiled child ÷ bare echo responder, both on toolboxd's own embedded bus (`run --embedded-bus`)",
-            &t,
-            &e,
-            None,
-        );
+        for conns in [1, 8] {
+            let echo = echo_responder(&own.url);
+            let what = "bare echo responder (Rust), toolboxd idle";
+            let e = b
+                .load("12", what, &own, Call::Echo, conns, echo.pid())
+                .await;
+            drop(echo);
+            let pid = own.proc.pid();
+            let what = "toolboxd → compiled child";
+            let t = b.load("12", what, &own, Call::Add, conns, pid).await;
+            b.rate_row(
+                &format!("12-c{conns}-rate"),
+                &format!("C={conns}: calls/s, toolboxd → compiled child ÷ bare echo responder, both on toolboxd's own embedded bus (`run --embedded-bus`)"),
+                &t,
+                &e,
+                None,
+            );
+        }
     }
-
-    // 3 and 4 (Python half): on the stock Python bus, a caller that quick-ACKs.
     if b.runs("3") || b.runs("4") {
         let pybus = python_bus(&home);
         let echo = echo_responder(&pybus.url);
