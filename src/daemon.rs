@@ -194,13 +194,21 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
     Ok(())
 }
 
+/// How the daemon is on the bus when it starts.
+enum Link {
+    /// Over a websocket, which `client::run` keeps: the connection made
+    /// while looking for the bus, if one was.
+    Remote(Option<Box<client::Connection>>),
+    /// In process: the daemon serves the bus itself.
+    Local(server::LocalPeer),
+}
+
 /// The bus the daemon found.
 struct FoundBus {
     /// Its URL.
     url: String,
-    /// The connection made while looking, or the in-process one to the
-    /// embedded bus.
-    first: Option<client::Link>,
+    /// How the daemon is on the bus so far.
+    link: Link,
     /// The embedded bus, if the daemon serves one; ends after `finished`.
     server: Option<JoinHandle<()>>,
 }
@@ -216,7 +224,7 @@ async fn find_bus(
         BusMode::Connect(url) => {
             return Ok(FoundBus {
                 url,
-                first: None,
+                link: Link::Remote(None),
                 server: None,
             })
         }
@@ -225,7 +233,7 @@ async fn find_bus(
     match client::connect(&url).await {
         Ok(connection) => Ok(FoundBus {
             url,
-            first: Some(client::Link::Remote(Box::new(connection))),
+            link: Link::Remote(Some(Box::new(connection))),
             server: None,
         }),
         Err(e) if e.is_refused() => {
@@ -274,7 +282,7 @@ async fn embed(
     tracing::info!(addr = %local, "embedded bus listening");
     Ok(FoundBus {
         url: format!("ws://{local}{}", server::ROUTE),
-        first: Some(client::Link::Local(own)),
+        link: Link::Local(own),
         server: Some(serving),
     })
 }
@@ -382,14 +390,26 @@ fn start(start: Start) -> Daemon {
         !host_only,
         Observer::new(metrics, audit.clone()),
     );
-    let bus_task = tokio::spawn(client::run(
-        bus.url.clone(),
-        bus.first,
-        out_rx,
-        move |frame| service.dispatch(frame),
-        connected_tx,
-        finished.clone(),
-    ));
+    let url = bus.url.clone();
+    let on_frame = move |frame: &str| service.dispatch(frame);
+    let bus_task = match bus.link {
+        Link::Local(peer) => tokio::spawn(client::run_local(
+            url,
+            peer,
+            out_rx,
+            on_frame,
+            connected_tx,
+            finished.clone(),
+        )),
+        Link::Remote(first) => tokio::spawn(client::run(
+            url,
+            first.map(|first| *first),
+            out_rx,
+            on_frame,
+            connected_tx,
+            finished.clone(),
+        )),
+    };
     let control_task = tokio::spawn(control::serve(
         control_listener,
         control.clone(),

@@ -33,14 +33,6 @@ pub struct Connection {
     pub nodelay_peer: bool,
 }
 
-/// How the daemon reaches the bus.
-pub enum Link {
-    /// A websocket connection (boxed: the other variant is a few words).
-    Remote(Box<Connection>),
-    /// In process: the daemon serves the bus itself (`run --embedded-bus`).
-    Local(super::server::LocalPeer),
-}
-
 /// Why the bus could not be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum BusError {
@@ -66,14 +58,7 @@ impl BusError {
 /// Connects once: TCP with TCP_NODELAY and TCP_QUICKACK, then the websocket
 /// handshake.
 pub async fn connect(url: &str) -> Result<Connection, BusError> {
-    let (mut request, host, port) = parse(url)?;
-    // Makes this connection known to an embedded bus in this process, which
-    // then never drops it (see `server::own_token`).
-    if let Ok(token) = super::server::own_token().parse() {
-        request
-            .headers_mut()
-            .insert(super::server::OWN_HEADER, token);
-    }
+    let (request, host, port) = parse(url)?;
     let stream = TcpStream::connect((host.as_str(), port))
         .await
         .map_err(|source| BusError::Connect {
@@ -142,24 +127,17 @@ pub async fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BusError> {
 
 /// Keeps a connection to `url` until shutdown: reconnects with backoff (100 ms
 /// doubling to 5 s), hands every incoming text frame to `on_frame`, sends every
-/// frame from `outgoing`. `connected` tells whether a connection is up. With
-/// `first` a [`Link::Local`], serves that link instead, which lasts as long as
-/// the bus.
+/// frame from `outgoing`. `connected` tells whether a connection is up.
+/// `first` is a connection already made.
 pub async fn run(
     url: String,
-    first: Option<Link>,
+    first: Option<Connection>,
     mut outgoing: mpsc::UnboundedReceiver<String>,
     mut on_frame: impl FnMut(&str),
     connected: watch::Sender<bool>,
     mut shutdown: Shutdown,
 ) {
-    let mut next = match first {
-        Some(Link::Local(peer)) => {
-            return run_local(&url, peer, outgoing, on_frame, connected, shutdown).await
-        }
-        Some(Link::Remote(connection)) => Some(*connection),
-        None => None,
-    };
+    let mut next = first;
     let mut delay = Duration::from_millis(100);
     loop {
         let Connection { ws, nodelay_peer } = match next.take() {
@@ -257,10 +235,11 @@ pub async fn run(
     }
 }
 
-/// [`run`] on the bus this process serves: the same hand-over of frames, in
-/// bursts, with no socket between.
-async fn run_local(
-    url: &str,
+/// [`run`] on the bus this process serves (`peer`, from
+/// [`super::server::Hub::local`]): the same hand-over of frames, in bursts,
+/// with no socket between, until shutdown; nothing to reconnect.
+pub async fn run_local(
+    url: String,
     mut peer: super::server::LocalPeer,
     mut outgoing: mpsc::UnboundedReceiver<String>,
     mut on_frame: impl FnMut(&str),
@@ -283,12 +262,15 @@ async fn run_local(
             frame = outgoing.recv() => {
                 let Some(frame) = frame else { break };
                 peer.send(frame.into()).await;
-                while let Ok(more) = outgoing.try_recv() {
-                    peer.send(more.into()).await;
+                // At most a burst's worth, so receiving is never starved.
+                for _ in 1..MAX_BURST {
+                    let Ok(frame) = outgoing.try_recv() else { break };
+                    peer.send(frame.into()).await;
                 }
             }
             _ = shutdown.recv() => {
-                // Answers queued by the last calls still go out.
+                // Answers queued by the last calls still go out: the bus
+                // waits for this peer to leave before it closes.
                 while let Ok(frame) = outgoing.try_recv() {
                     peer.send(frame.into()).await;
                 }

@@ -7,17 +7,22 @@
 //! client does can grow the bus's memory without bound:
 //! - what waits to be written to a client is bounded in bytes
 //!   ([`CLIENT_QUEUE_BYTES`]): a client that stops reading is disconnected;
-//!   the daemon's own client is never dropped, its senders wait instead;
+//!   the daemon's own client, in process ([`Hub::local`]), is never dropped,
+//!   its senders wait instead;
 //! - a message is at most [`MAX_FRAME_BYTES`], and what all clients have sent
 //!   of messages not yet complete is bounded ([`PARTIAL_BYTES`]) and must be
 //!   finished within [`PARTIAL_TIMEOUT`];
 //! - connections are capped ([`MAX_CLIENTS`]) and must finish their handshake
 //!   within [`HANDSHAKE_TIMEOUT`].
+//!
+//! At shutdown the daemon's own client leaves first (its last answers
+//! relayed), then every connection is written what is queued for it and
+//! closed, within [`DRAIN_TIMEOUT`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
@@ -37,7 +42,7 @@ pub const ROUTE: &str = "/core";
 /// disconnected: room for a few of the largest messages.
 pub const CLIENT_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
 /// Bytes waiting for the daemon's own client before its senders wait.
-const OWN_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
+pub const OWN_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
 /// Bytes of messages not yet complete, summed over every client; a client
 /// whose read would pass it is disconnected.
 pub const PARTIAL_BYTES: usize = 4 * MAX_FRAME_BYTES;
@@ -47,33 +52,15 @@ pub const PARTIAL_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MAX_CLIENTS: usize = 256;
 /// How long a connection may take to finish its websocket handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// The header by which the daemon's own client makes itself known.
-pub const OWN_HEADER: &str = "x-toolboxd-own";
+/// At shutdown: how long the daemon's own client may take to leave, and then
+/// each connection to be written what is queued for it and closed.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
 /// Said in every handshake answer: this bus sets TCP_NODELAY on its sockets,
 /// so its clients need not hurry their ACKs (see `bus::tcp`).
 pub const NODELAY_HEADER: &str = "x-toolboxd-nodelay";
 /// What a client receives first, as from the Python ovos-messagebus.
 const CONNECTED: &str =
     r#"{"type": "connected", "data": {}, "context": {"session": {"session_id": "default"}}}"#;
-
-/// A random token, made once per process, that the daemon's own bus client
-/// sends in [`OWN_HEADER`]: it tells the embedded bus which connection must
-/// never be dropped. (Sent to an external bus too, where it means nothing.)
-pub fn own_token() -> &'static str {
-    static TOKEN: OnceLock<String> = OnceLock::new();
-    TOKEN.get_or_init(|| {
-        let mut bytes = [0u8; 16];
-        // SAFETY: getrandom writes at most `len` bytes into the buffer.
-        let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-        if n != bytes.len() as isize {
-            // No randomness: fall back on what a local attacker cannot read
-            // from outside this process (its address-space layout).
-            let salt = &bytes as *const _ as usize ^ std::process::id() as usize;
-            bytes[..8].copy_from_slice(&salt.to_le_bytes());
-        }
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    })
-}
 
 /// Where frames for one client wait: a channel to its writer, bounded in bytes.
 struct Queue {
@@ -117,6 +104,9 @@ struct Clients {
     open: AtomicUsize,
     /// Bytes of unfinished messages, over every client, for [`PARTIAL_BYTES`].
     partial: Arc<AtomicUsize>,
+    /// In-process clients attached ([`Hub::local`]): shutdown waits for
+    /// them to leave, so that their last frames are relayed.
+    locals: tokio::sync::watch::Sender<usize>,
 }
 
 impl Clients {
@@ -169,11 +159,21 @@ impl Clients {
         }
     }
 
+    /// Takes a client's queue away: its writer ends once it has written
+    /// what was queued, and whoever waits for room in it stops waiting.
     fn remove(&self, id: u64) {
-        self.queues
+        let queue = self
+            .queues
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
+        if let Some(Queue {
+            budget: Budget::Wait(room),
+            ..
+        }) = queue
+        {
+            room.close();
+        }
     }
 }
 
@@ -277,7 +277,10 @@ impl Hub {
     /// Joins the bus from inside this process, as the daemon's own client
     /// (never dropped: when its queue is full, other senders wait). Frames
     /// pass as shared buffers: no socket, no websocket framing, no copy.
+    /// One per bus: a second one's frames would be skipped by the first when
+    /// its queue is full, as its own echoes are.
     pub fn local(&self) -> LocalPeer {
+        self.clients.locals.send_modify(|n| *n += 1);
         let id = self.clients.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let budget = Budget::Wait(Arc::new(tokio::sync::Semaphore::new(OWN_QUEUE_BYTES)));
@@ -313,7 +316,8 @@ pub struct LocalPeer {
 }
 
 impl LocalPeer {
-    /// The next frame relayed to this client; `None` once the bus is gone.
+    /// The next frame relayed to this client (never `None` while the peer
+    /// lives: only its drop takes its queue away).
     pub async fn recv(&mut self) -> Option<Utf8Bytes> {
         self.inbox.recv().await
     }
@@ -324,8 +328,17 @@ impl LocalPeer {
     }
 
     /// Relays `frame` to every client, this one included, as a frame it sent
-    /// over a socket would be. Never waits on this client's own queue.
+    /// over a socket would be. Never waits on this client's own queue. A
+    /// frame over [`MAX_FRAME_BYTES`] is not sent (a websocket client could
+    /// not send it either): the daemon's answers are kept within it before.
     pub async fn send(&self, frame: Utf8Bytes) {
+        if frame.len() > MAX_FRAME_BYTES {
+            tracing::error!(
+                bytes = frame.len(),
+                "not relaying a frame of the daemon's over {MAX_FRAME_BYTES} bytes, the bus's limit"
+            );
+            return;
+        }
         self.clients.broadcast(&frame, true).await;
     }
 }
@@ -333,19 +346,24 @@ impl LocalPeer {
 impl Drop for LocalPeer {
     fn drop(&mut self) {
         self.clients.remove(self.id);
+        self.clients.locals.send_modify(|n| *n -= 1);
     }
 }
 
-/// Serves the bus on `listener` until shutdown, to the clients of `hub`.
-/// Browsers are kept out: a connection with an `Origin` header is accepted
-/// only from a loopback origin, unless `any_origin`.
+/// Serves the bus on `listener` until shutdown, to the clients of `hub`;
+/// then drains it (see the module's doc) and returns once every connection
+/// is closed. Browsers are kept out: a connection with an `Origin` header is
+/// accepted only from a loopback origin, unless `any_origin`.
 pub async fn serve(listener: TcpListener, hub: Hub, mut shutdown: Shutdown, any_origin: bool) {
     let clients = hub.clients;
+    let (drain, draining) = crate::shutdown::ShutdownTrigger::new();
+    let mut connections = tokio::task::JoinSet::new();
     let mut accept_errors = crate::throttle::LogBudget::new(1);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = shutdown.recv() => return,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            _ = shutdown.recv() => break,
         };
         match accepted {
             Ok((stream, peer)) => {
@@ -354,11 +372,11 @@ pub async fn serve(listener: TcpListener, hub: Hub, mut shutdown: Shutdown, any_
                     tracing::warn!(%peer, "bus: refused a connection: {MAX_CLIENTS} clients are connected already");
                     continue;
                 }
-                tokio::spawn(client(
+                connections.spawn(client(
                     stream,
                     peer,
                     clients.clone(),
-                    shutdown.clone(),
+                    draining.clone(),
                     any_origin,
                 ));
             }
@@ -372,6 +390,17 @@ pub async fn serve(listener: TcpListener, hub: Hub, mut shutdown: Shutdown, any_
             }
         }
     }
+    drop(listener);
+    // The daemon's own client relays its last answers as it leaves.
+    let mut locals = clients.locals.subscribe();
+    let gone = locals.wait_for(|n| *n == 0);
+    if tokio::time::timeout(DRAIN_TIMEOUT, gone).await.is_err() {
+        tracing::warn!(
+            "the daemon's bus client did not leave within {DRAIN_TIMEOUT:?}; closing the bus"
+        );
+    }
+    drain.trigger();
+    while connections.join_next().await.is_some() {}
 }
 
 // The signature is tungstenite's handshake callback; its error type is theirs.
@@ -450,18 +479,10 @@ async fn client(
         unfinished: unfinished.clone(),
         partial: clients.partial.clone(),
     };
-    let own = Arc::new(AtomicBool::new(false));
-    let is_own = own.clone();
     // The signature is tungstenite's handshake callback; its error type is theirs.
     #[allow(clippy::result_large_err)]
-    let check = move |request: &Request, response: Response| {
-        let token = request.headers().get(OWN_HEADER);
-        is_own.store(
-            token.is_some_and(|t| t.as_bytes() == own_token().as_bytes()),
-            Ordering::Relaxed,
-        );
-        check_request(request, response, any_origin)
-    };
+    let check =
+        move |request: &Request, response: Response| check_request(request, response, any_origin);
     let handshake = tokio_tungstenite::accept_hdr_async_with_config(
         stream,
         check,
@@ -480,17 +501,10 @@ async fn client(
     };
     // The handshake is not a message: an idle client owes nothing.
     Metered::settle(&unfinished, &clients.partial);
-    let own = own.load(Ordering::Relaxed);
     let id = clients.next.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     // The greeting, queued first, is counted like any frame.
-    let greeting = CONNECTED.len();
-    let budget = if own {
-        let room = tokio::sync::Semaphore::new(OWN_QUEUE_BYTES - greeting);
-        Budget::Wait(Arc::new(room))
-    } else {
-        Budget::Drop(Arc::new(AtomicUsize::new(greeting)))
-    };
+    let budget = Budget::Drop(Arc::new(AtomicUsize::new(CONNECTED.len())));
     let _ = tx.send(Utf8Bytes::from_static(CONNECTED));
     let mut rx = Inbox {
         rx,
@@ -501,10 +515,12 @@ async fn client(
         .write()
         .unwrap_or_else(|e| e.into_inner())
         .insert(id, Queue { tx, budget });
-    tracing::debug!(%peer, id, own, "bus client connected");
+    tracing::debug!(%peer, id, "bus client connected");
     let (mut sink, mut source) = ws.split();
 
-    let writer = async {
+    // Boxed, so that it can be finished after the select and then dropped
+    // (it holds the sink, which closes the connection after it).
+    let mut writer = Box::pin(async {
         while let Some(frame) = rx.recv().await {
             if sink.feed(WsMessage::Text(frame)).await.is_err() {
                 return;
@@ -518,8 +534,9 @@ async fn client(
                 return;
             }
         }
-        // The queue was dropped: this client was removed as stuck.
-    };
+        // The queue was taken away: this client was removed as stuck, or
+        // the bus is draining and everything queued is written.
+    });
     let reader = async {
         loop {
             // A client in the middle of a message must finish it in time.
@@ -539,7 +556,7 @@ async fn client(
             tcp::quickack(&fd);
             Metered::settle(&unfinished, &clients.partial);
             match frame {
-                Ok(WsMessage::Text(text)) => clients.broadcast(&text, own).await,
+                Ok(WsMessage::Text(text)) => clients.broadcast(&text, false).await,
                 Ok(WsMessage::Close(_)) => return,
                 Ok(_) => {}
                 Err(e) => {
@@ -549,32 +566,23 @@ async fn client(
             }
         }
     };
-    let shut = tokio::select! {
-        _ = writer => false,
+    let draining = tokio::select! {
+        _ = &mut writer => false,
         _ = reader => false,
         _ = shutdown.recv() => true,
     };
-    if !shut {
-        clients.remove(id);
-    }
-    let goodbye = async {
-        if shut {
-            // What was relayed before shutdown still goes out, the daemon's
-            // last answers included: every task woken by the same shutdown
-            // (its in-process client among them) runs before this one goes on.
-            tokio::task::yield_now().await;
-            clients.remove(id);
-            while let Some(frame) = rx.try_recv() {
-                if sink.feed(WsMessage::Text(frame)).await.is_err() {
-                    break;
-                }
-            }
-        }
-        // Answers a client's Close (RFC 6455 §5.5.1), or says goodbye.
-        let _ = sink.close().await;
-    };
+    clients.remove(id);
     // Never waits long on a client that does not read.
-    let _ = tokio::time::timeout(Duration::from_secs(1), goodbye).await;
+    let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+    if draining {
+        // The bus is closing: what was queued for this client (the daemon's
+        // last answers among it) is written first, the frame the writer was
+        // in the middle of included.
+        let _ = tokio::time::timeout_at(deadline, &mut writer).await;
+    }
+    drop(writer);
+    // Answers a client's Close (RFC 6455 §5.5.1), or says goodbye.
+    let _ = tokio::time::timeout_at(deadline, sink.close()).await;
     tracing::debug!(%peer, id, "bus client disconnected");
 }
 

@@ -60,19 +60,27 @@ async fn the_local_peer_and_a_socket_client_hear_each_other() {
 }
 
 #[tokio::test]
-async fn what_is_relayed_as_the_bus_shuts_down_still_reaches_its_clients() {
+async fn at_shutdown_the_bus_relays_the_daemons_last_answer_then_closes() {
     let (peer, mut ws, (trigger, mut down), bus) = bus_with_a_local_peer().await;
-    // The daemon's last answer, sent when shutdown wakes it.
+    // The daemon's last answer, sent a while after shutdown woke it: the
+    // bus waits for its in-process client to leave.
     let last = tokio::spawn(async move {
         down.recv().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
         peer.send(Utf8Bytes::from_static("the last answer")).await;
     });
-    tokio::task::yield_now().await;
     trigger.trigger();
+    // The bus is done (every connection drained and closed) before the
+    // client reads anything.
+    tokio::time::timeout(2 * DRAIN_TIMEOUT, bus)
+        .await
+        .expect("the bus closes within its drain timeout")
+        .unwrap();
+    last.await.unwrap();
     let frame = ws.next().await.unwrap().unwrap();
     assert_eq!(frame.to_text().unwrap(), "the last answer");
-    last.await.unwrap();
-    let _ = bus.await;
+    let close = ws.next().await.unwrap().unwrap();
+    assert!(close.is_close(), "{close:?}");
 }
 
 #[test]
