@@ -188,15 +188,20 @@ async fn run_joins_the_bus_it_embeds_in_process_not_over_a_socket() {
     // No TCP connection to the bus: the daemon is its only client.
     assert_eq!(connections_to(port), 0);
     let mut client = Bus::connect(&daemon.url).await;
-    let r = client
-        .request(
-            "ovos.tools.invoke",
-            json!({"name": "add", "args": {"a": 4, "b": 5}}),
-        )
-        .await;
+    let r = add(&mut client, 4, 5).await;
     assert_eq!(r["data"]["result"]["result"], 9, "{r}");
     // The client's connection, both of its ends, and nothing else.
     assert_eq!(connections_to(port), 2);
+}
+
+/// `ovos.tools.invoke` of `add` on the bus `client` is on: the response.
+async fn add(client: &mut Bus, a: i64, b: i64) -> Value {
+    client
+        .request(
+            "ovos.tools.invoke",
+            json!({"name": "add", "args": {"a": a, "b": b}}),
+        )
+        .await
 }
 
 /// Established TCP connections on this machine with `port` at either end.
@@ -226,12 +231,7 @@ async fn run_reports_a_bad_manifest_and_serves_the_good_ones() {
     // The good one serves.
     assert_eq!(daemon.status("math")["state"], "ready");
     let mut bus = Bus::connect(&daemon.url).await;
-    let r = bus
-        .request(
-            "ovos.tools.invoke",
-            json!({"name": "add", "args": {"a": 2, "b": 3}}),
-        )
-        .await;
+    let r = add(&mut bus, 2, 3).await;
     assert_eq!(r["data"]["result"]["result"], 5, "{r}");
     assert!(daemon.stop().success());
 }
@@ -244,12 +244,7 @@ async fn run_reconnects_when_the_bus_comes_back() {
     dir.write("math.toml", &math_manifest("math"));
     let daemon = Daemon::start_with(&["--manifests", dir.path().to_str().unwrap(), "--bus", &url]);
     let mut client = Bus::connect(&url).await;
-    let r = client
-        .request(
-            "ovos.tools.invoke",
-            json!({"name": "add", "args": {"a": 1, "b": 1}}),
-        )
-        .await;
+    let r = add(&mut client, 1, 1).await;
     assert_eq!(r["data"]["result"]["result"], 2);
 
     bus.kill().unwrap();
@@ -264,12 +259,7 @@ async fn run_reconnects_when_the_bus_comes_back() {
         std::time::Duration::from_secs(15),
     );
     let mut client = Bus::connect(&url).await;
-    let r = client
-        .request(
-            "ovos.tools.invoke",
-            json!({"name": "add", "args": {"a": 2, "b": 2}}),
-        )
-        .await;
+    let r = add(&mut client, 2, 2).await;
     assert_eq!(r["data"]["result"]["result"], 4);
     drop(daemon);
     bus.kill().unwrap();
@@ -538,12 +528,7 @@ async fn run_with_bus_never_embeds_and_retries_from_100_ms_doubling_to_5_s() {
     let daemon = starting.ready();
     assert_eq!(daemon.url, url);
     let mut client = Bus::connect(&url).await;
-    let r = client
-        .request(
-            "ovos.tools.invoke",
-            json!({"name": "add", "args": {"a": 2, "b": 3}}),
-        )
-        .await;
+    let r = add(&mut client, 2, 3).await;
     assert_eq!(r["data"]["result"]["result"], 5, "{r}");
     assert!(daemon.log_lines_with("embedded bus").is_empty());
 }
@@ -621,12 +606,7 @@ async fn run_without_a_bus_flag_joins_a_bus_already_on_the_default_address() {
         daemon.logs.lock().unwrap()
     );
     let mut client = Bus::connect(url).await;
-    let r = client
-        .request(
-            "ovos.tools.invoke",
-            json!({"name": "add", "args": {"a": 4, "b": 5}}),
-        )
-        .await;
+    let r = add(&mut client, 4, 5).await;
     assert_eq!(r["data"]["result"]["result"], 9, "{r}");
     // The bus was ours, not the daemon's: once it is gone, the daemon
     // reconnects and nothing listens on 8181 any more.

@@ -78,10 +78,7 @@ pub(crate) fn embedded_bus() -> Bus {
     let stderr = child.stderr.take().expect("piped stderr");
     let proc = Proc(child);
     let line = wait_line(stderr, "messagebus listening", "toolboxd bus");
-    let addr = serde_json::from_str::<Value>(&line)
-        .ok()
-        .and_then(|v| v["addr"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("no addr in the bus's log line {line}"));
+    let addr = log_field(&line, "addr");
     Bus {
         proc,
         url: format!("ws://{addr}/core"),
@@ -186,15 +183,19 @@ pub(crate) fn daemon_env(
 pub(crate) fn daemon_embedding(dir: &Path) -> Bus {
     let bus = ["--embedded-bus", "127.0.0.1:0"];
     let (proc, ready) = run_daemon(&bus, dir, &dir.join("ctl.sock"), &[], &[]);
-    let url = serde_json::from_str::<Value>(&ready)
-        .ok()
-        .and_then(|v| v["bus"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("no bus in the daemon's ready line {ready}"));
     Bus {
         proc,
-        url,
+        url: log_field(&ready, "bus"),
         name: "toolboxd's own",
     }
+}
+
+/// The text field `key` of a JSON log line.
+fn log_field(line: &str, key: &str) -> String {
+    serde_json::from_str::<Value>(line)
+        .ok()
+        .and_then(|v| v[key].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no {key} in the log line {line}"))
 }
 
 /// `toolboxd run` with `bus` (the bus flags) and the rest as for [`daemon_env`].
