@@ -218,6 +218,10 @@ async fn a_bus_client_that_does_not_read_is_dropped_and_nobody_else() {
     let daemon = Daemon::start(dir.path());
     let before = rss_kib(daemon.pid());
     let (deaf, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
+    let tokio_tungstenite::MaybeTlsStream::Plain(socket) = deaf.get_ref() else {
+        unreachable!("ws:// is plain TCP")
+    };
+    let deaf_port = socket.local_addr().unwrap().port();
     let (flood, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
     let (mut flood_out, mut flood_in) = flood.split();
     // The flooder reads what it is sent (its own frames come back to it),
@@ -254,6 +258,13 @@ async fn a_bus_client_that_does_not_read_is_dropped_and_nobody_else() {
                 .is_empty()
         },
     );
+    // Disconnected indeed: the bus's end of the deaf client's connection is
+    // closed, though the client has read nothing.
+    common::wait_until(
+        "the bus closes its end of the deaf client's connection",
+        Duration::from_secs(5),
+        || !bus_end_established(deaf_port),
+    );
     let mut bus = Bus::connect(&daemon.url).await;
     assert_eq!(
         bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
@@ -267,6 +278,18 @@ async fn a_bus_client_that_does_not_read_is_dropped_and_nobody_else() {
         "daemon RSS grew from {before} KiB to {after} KiB"
     );
     drop(deaf);
+}
+
+/// Whether the bus's end of the connection from local port `port` is still
+/// established (/proc/net/tcp: the entry whose remote port it is).
+fn bus_end_established(port: u16) -> bool {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port = format!(":{port:04X}");
+    table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .any(|f| f[2].ends_with(&port) && f[3] == "01")
 }
 
 #[tokio::test]

@@ -96,6 +96,40 @@ async fn sigterm_lets_calls_in_flight_finish_on_the_daemons_own_bus() {
     a_call_in_flight_is_answered_before_the_exit(Daemon::start(dir.path())).await;
 }
 
+#[tokio::test]
+async fn a_connection_silent_in_its_handshake_does_not_hold_up_the_exit() {
+    let dir = TempDir::new("silent-handshake");
+    dir.write("math.toml", &math_manifest("math"));
+    let mut daemon = Daemon::start(dir.path());
+    let sockets = || {
+        std::fs::read_dir(format!("/proc/{}/fd", daemon.pid()))
+            .unwrap()
+            .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+            .filter(|target| target.to_string_lossy().starts_with("socket:"))
+            .count()
+    };
+    let before = sockets();
+    let addr = daemon
+        .url
+        .trim_start_matches("ws://")
+        .trim_end_matches("/core");
+    let _silent = std::net::TcpStream::connect(addr).unwrap();
+    // Readiness: the bus has accepted it (one socket more), and it waits
+    // for a handshake that never comes (10 s allowed).
+    common::wait_until(
+        "the bus accepts the connection",
+        Duration::from_secs(5),
+        || sockets() > before,
+    );
+    let stopping = Instant::now();
+    assert!(daemon.stop().success());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(5),
+        "the exit took {:?}",
+        stopping.elapsed()
+    );
+}
+
 /// Calls `sleep` on `math`, stops the daemon once the call runs: the answer
 /// arrives, and the daemon exits 0.
 async fn a_call_in_flight_is_answered_before_the_exit(mut daemon: Daemon) {

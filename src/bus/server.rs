@@ -68,6 +68,9 @@ struct Queue {
     tx: mpsc::UnboundedSender<Utf8Bytes>,
     /// How the bytes waiting are bounded.
     budget: Budget,
+    /// Ends the connection when its queue is taken away (a stuck client's
+    /// writer may be blocked on a socket nobody reads); `None` in process.
+    kick: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// How the bytes waiting for one client are bounded.
@@ -160,19 +163,20 @@ impl Clients {
     }
 
     /// Takes a client's queue away: its writer ends once it has written
-    /// what was queued, and whoever waits for room in it stops waiting.
+    /// what was queued, whoever waits for room in it stops waiting, and
+    /// its connection is told to end (unless it is draining the queue).
     fn remove(&self, id: u64) {
         let queue = self
             .queues
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
-        if let Some(Queue {
-            budget: Budget::Wait(room),
-            ..
-        }) = queue
-        {
+        let Some(queue) = queue else { return };
+        if let Budget::Wait(room) = &queue.budget {
             room.close();
+        }
+        if let Some(kick) = &queue.kick {
+            kick.notify_one();
         }
     }
 }
@@ -293,6 +297,7 @@ impl Hub {
                 Queue {
                     tx,
                     budget: budget.clone(),
+                    kick: None,
                 },
             );
         tracing::debug!(id, "bus client connected in process");
@@ -488,7 +493,12 @@ async fn client(
         check,
         Some(super::server_config()),
     );
-    let ws = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+    let handshake = tokio::select! {
+        done = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake) => done,
+        // The bus is closing: a handshake never holds it up.
+        _ = shutdown.recv() => return,
+    };
+    let ws = match handshake {
         Ok(Ok(ws)) => ws,
         Ok(Err(e)) => {
             tracing::debug!(%peer, "bus handshake failed: {e}");
@@ -503,6 +513,7 @@ async fn client(
     Metered::settle(&unfinished, &clients.partial);
     let id = clients.next.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
+    let kick = Arc::new(tokio::sync::Notify::new());
     // The greeting, queued first, is counted like any frame.
     let budget = Budget::Drop(Arc::new(AtomicUsize::new(CONNECTED.len())));
     let _ = tx.send(Utf8Bytes::from_static(CONNECTED));
@@ -514,7 +525,14 @@ async fn client(
         .queues
         .write()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(id, Queue { tx, budget });
+        .insert(
+            id,
+            Queue {
+                tx,
+                budget,
+                kick: Some(kick.clone()),
+            },
+        );
     tracing::debug!(%peer, id, "bus client connected");
     let (mut sink, mut source) = ws.split();
 
@@ -569,6 +587,8 @@ async fn client(
     let draining = tokio::select! {
         _ = &mut writer => false,
         _ = reader => false,
+        // Removed as stuck: what is queued is dropped with the connection.
+        _ = kick.notified() => false,
         _ = shutdown.recv() => true,
     };
     clients.remove(id);
