@@ -5,8 +5,9 @@
 //!
 //! - [`daemon`]: `toolboxd run` as its phases (find the bus, start up, serve,
 //!   shut down), wiring the pieces below together; signals.
-//! - [`bus`]: the OVOS-MSG-1 [`bus::envelope`], a reconnecting
-//!   [`bus::client`], the embedded [`bus::server`], socket options.
+//! - [`bus`]: the OVOS-MSG-1 [`bus::envelope`], the daemon's
+//!   [`bus::client`] (reconnecting, or in process on the bus it serves), the
+//!   embedded [`bus::server`], socket options.
 //! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
 //! - [`observe`]: how a finished call ended, reported in one place to the
 //!   [`metrics`] (Prometheus, `--metrics`) and the [`audit`] log

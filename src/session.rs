@@ -377,7 +377,7 @@ impl Session {
     /// with the call, even past the deadline. With `progress`, the call
     /// carries a `progressToken` and the child's progress notifications for
     /// it go there. A tool the child runs as a task is followed to its
-    /// result ([`tasks`]).
+    /// result (`tasks`).
     pub async fn call_tool(
         &self,
         name: &str,

@@ -1,8 +1,9 @@
-//! A websocket client of the bus that reconnects with backoff.
+//! The daemon's client of the bus: a websocket that reconnects with backoff,
+//! or, on the bus the daemon serves itself, a link in process.
 //!
-//! [`run`] owns the connection: incoming text frames go to a callback that must
-//! not block (the service spawns a task per request), outgoing frames come from
-//! a channel that outlives reconnections.
+//! [`run`] owns the connection ([`run_local`] the link): incoming text frames
+//! go to a callback that must not block (the service spawns a task per
+//! request), outgoing frames come from a channel that outlives reconnections.
 
 use std::time::Duration;
 

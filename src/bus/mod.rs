@@ -1,5 +1,5 @@
-//! The OVOS messagebus side: the envelope, a reconnecting client, the embedded
-//! bus server, the socket options every bus socket gets, and where the bus is
+//! The OVOS messagebus side: the envelope, the daemon's client (a reconnecting
+//! websocket, or in process on its own bus), the embedded bus server, the socket options every bus socket gets, and where the bus is
 //! (mycroft.conf).
 
 pub mod client;

@@ -1,4 +1,4 @@
-//! Socket options for low latency on loopback; see docs/protocol.md.
+//! Socket options for low latency on loopback; see docs/protocol.md, "Sockets".
 //!
 //! The stock Python bus never disables Nagle's algorithm, so a peer that delays
 //! its ACKs makes the bus hold the next frame to it for ~40 ms. Every socket

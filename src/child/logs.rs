@@ -68,7 +68,7 @@ pub struct LogLine {
     pub at: std::time::SystemTime,
     /// The child that wrote it (a toolbox's children share one log).
     pub pid: u32,
-    /// The line, made safe for one log line (see [`sanitize`]).
+    /// The line, made safe for one log line (see `sanitize`).
     pub text: String,
 }
 
@@ -110,8 +110,8 @@ impl StderrLog {
             .collect()
     }
 
-    /// The last lines child `pid` wrote, oldest first: at most [`TAIL_LINES`]
-    /// and [`TAIL_BYTES`], for a failure report.
+    /// The last lines child `pid` wrote, oldest first: at most `TAIL_LINES`
+    /// and `TAIL_BYTES`, for a failure report.
     pub fn tail_of(&self, pid: u32) -> Vec<String> {
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         let mut tail = Vec::new();

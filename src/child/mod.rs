@@ -1,10 +1,10 @@
 //! One child process: spawn, exit, signals, and the tasks that serve it.
 //!
 //! A [`Child`] owns the process. Four small tasks serve it: a writer that owns
-//! stdin and a reader that owns stdout ([`rpc`]: JSON-RPC framing and request
-//! multiplexing), a stderr forwarder ([`logs`]), and a reaper that waits for
+//! stdin and a reader that owns stdout (`rpc`: JSON-RPC framing and request
+//! multiplexing), a stderr forwarder (`logs`), and a reaper that waits for
 //! the exit, kills what is left of the process group, reaps the child and
-//! fails every call still in flight with the exit status ([`group`]: no
+//! fails every call still in flight with the exit status (`group`: no
 //! signal is sent once the pid may be another process's). Dropping the
 //! `Child` kills its whole process group and, where the kernel allows, its
 //! cgroup ([`crate::cgroup`]: every process it started, `setsid` ones too),
@@ -246,7 +246,7 @@ impl Child {
     /// Spawns the manifest's command with piped stdio, in its own process group;
     /// its stderr lines go to `stderr` (the toolbox's log) as well as to the
     /// daemon's log. Returns the child and the receiver of its events (closed
-    /// when it exits). The child is started on a spawner thread ([`spawner`]).
+    /// when it exits). The child is started on a spawner thread (`spawner`).
     pub async fn spawn(
         manifest: &Manifest,
         stderr_log: Arc<StderrLog>,

@@ -14,7 +14,7 @@ pub struct Progress {
     pub progress: Number,
     /// What `progress` counts up to, when the server knows.
     pub total: Option<Number>,
-    /// Words for a person, cut to [`MESSAGE_MAX_CHARS`].
+    /// Words for a person, cut to `MESSAGE_MAX_CHARS`.
     pub message: Option<String>,
 }
 

@@ -5,7 +5,7 @@
 //! path: a read lock, two map lookups, atomic adds, no allocation once a tool
 //! has been called). Everything else — toolbox states, calls in flight,
 //! restarts, the bus connection, the process's memory and descriptors — is
-//! read when scraped ([`live`]), so nothing else in the daemon reports to it.
+//! read when scraped (`live`), so nothing else in the daemon reports to it.
 //!
 //! Series are bounded: labels are toolbox ids (from manifests), tool names
 //! the catalog listed (never a name a caller sent) and fixed words; past

@@ -1,7 +1,7 @@
 //! One toolbox: its lifecycle state, its counters, and the handle through
 //! which calls and operator commands reach it.
 //!
-//! Each toolbox is an actor ([`actor`]) that owns its child processes. Calls do
+//! Each toolbox is an actor (`actor`) that owns its child processes. Calls do
 //! not pass through the actor: it publishes the serving child on a `watch`
 //! channel and each caller sends its request straight to that child. While no
 //! child serves (starting, restarting) a caller waits on the channel, under
