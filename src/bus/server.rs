@@ -190,6 +190,21 @@ impl Drop for Open<'_> {
     }
 }
 
+/// Takes a connection's queue away when dropped, however its task ends (a
+/// panic included), so no broadcast keeps filling it.
+struct Registered<'a> {
+    /// The clients it is among.
+    clients: &'a Clients,
+    /// Its number there.
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.clients.remove(self.id);
+    }
+}
+
 /// A client's socket, counting what it sends of messages not yet complete
 /// against the budget shared by every client ([`PARTIAL_BYTES`]).
 struct Metered {
@@ -533,6 +548,10 @@ async fn client(
                 kick: Some(kick.clone()),
             },
         );
+    let registered = Registered {
+        clients: &clients,
+        id,
+    };
     tracing::debug!(%peer, id, "bus client connected");
     let (mut sink, mut source) = ws.split();
 
@@ -591,7 +610,8 @@ async fn client(
         _ = kick.notified() => false,
         _ = shutdown.recv() => true,
     };
-    clients.remove(id);
+    // Its queue closes: the writer ends once what is queued is written.
+    drop(registered);
     // Never waits long on a client that does not read.
     let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
     if draining {
