@@ -206,13 +206,9 @@ async fn add(client: &mut Bus, a: i64, b: i64) -> Value {
 
 /// Established TCP connections on this machine with `port` at either end.
 fn connections_to(port: u16) -> usize {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    let port = format!(":{port:04X}");
-    table
-        .lines()
-        .skip(1)
-        .map(|line| line.split_whitespace().collect::<Vec<_>>())
-        .filter(|f| f[3] == "01" && (f[1].ends_with(&port) || f[2].ends_with(&port)))
+    common::established_tcp()
+        .into_iter()
+        .filter(|&(local, remote)| local == port || remote == port)
         .count()
 }
 

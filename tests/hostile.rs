@@ -283,13 +283,9 @@ async fn a_bus_client_that_does_not_read_is_dropped_and_nobody_else() {
 /// Whether the bus's end of the connection from local port `port` is still
 /// established (/proc/net/tcp: the entry whose remote port it is).
 fn bus_end_established(port: u16) -> bool {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
-    let port = format!(":{port:04X}");
-    table
-        .lines()
-        .skip(1)
-        .map(|line| line.split_whitespace().collect::<Vec<_>>())
-        .any(|f| f[2].ends_with(&port) && f[3] == "01")
+    common::established_tcp()
+        .into_iter()
+        .any(|(_, remote)| remote == port)
 }
 
 #[tokio::test]

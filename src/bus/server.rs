@@ -162,6 +162,16 @@ impl Clients {
         }
     }
 
+    /// Adds a client's queue; its number among the clients.
+    fn register(&self, queue: Queue) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.queues
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, queue);
+        id
+    }
+
     /// Takes a client's queue away: its writer ends once it has written
     /// what was queued, whoever waits for room in it stops waiting, and
     /// its connection is told to end (unless it is draining the queue).
@@ -300,21 +310,13 @@ impl Hub {
     /// its queue is full, as its own echoes are.
     pub fn local(&self) -> LocalPeer {
         self.clients.locals.send_modify(|n| *n += 1);
-        let id = self.clients.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         let budget = Budget::Wait(Arc::new(tokio::sync::Semaphore::new(OWN_QUEUE_BYTES)));
-        self.clients
-            .queues
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                id,
-                Queue {
-                    tx,
-                    budget: budget.clone(),
-                    kick: None,
-                },
-            );
+        let id = self.clients.register(Queue {
+            tx,
+            budget: budget.clone(),
+            kick: None,
+        });
         tracing::debug!(id, "bus client connected in process");
         LocalPeer {
             id,
@@ -526,7 +528,6 @@ async fn client(
     };
     // The handshake is not a message: an idle client owes nothing.
     Metered::settle(&unfinished, &clients.partial);
-    let id = clients.next.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = mpsc::unbounded_channel();
     let kick = Arc::new(tokio::sync::Notify::new());
     // The greeting, queued first, is counted like any frame.
@@ -536,18 +537,11 @@ async fn client(
         rx,
         budget: budget.clone(),
     };
-    clients
-        .queues
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(
-            id,
-            Queue {
-                tx,
-                budget,
-                kick: Some(kick.clone()),
-            },
-        );
+    let id = clients.register(Queue {
+        tx,
+        budget,
+        kick: Some(kick.clone()),
+    });
     let registered = Registered {
         clients: &clients,
         id,
