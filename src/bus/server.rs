@@ -42,7 +42,7 @@ pub const ROUTE: &str = "/core";
 /// disconnected: room for a few of the largest messages.
 pub const CLIENT_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
 /// Bytes waiting for the daemon's own client before its senders wait.
-pub const OWN_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
+const OWN_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
 /// Bytes of messages not yet complete, summed over every client; a client
 /// whose read would pass it is disconnected.
 pub const PARTIAL_BYTES: usize = 4 * MAX_FRAME_BYTES;
@@ -68,17 +68,19 @@ struct Queue {
     tx: mpsc::UnboundedSender<Utf8Bytes>,
     /// How the bytes waiting are bounded.
     budget: Budget,
-    /// Ends the connection when its queue is taken away (a stuck client's
-    /// writer may be blocked on a socket nobody reads); `None` in process.
-    kick: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// How the bytes waiting for one client are bounded.
 #[derive(Clone)]
 enum Budget {
-    /// Any client: bytes queued and not yet written; past
-    /// [`CLIENT_QUEUE_BYTES`] the client is disconnected.
-    Drop(Arc<AtomicUsize>),
+    /// A socket client: bytes queued and not yet written; past
+    /// [`CLIENT_QUEUE_BYTES`] the client is disconnected: its queue is taken
+    /// away and `kick` ends its connection (its writer may be blocked on a
+    /// socket nobody reads).
+    Drop {
+        queued: Arc<AtomicUsize>,
+        kick: Arc<tokio::sync::Notify>,
+    },
     /// The daemon's own client: room left, in bytes ([`OWN_QUEUE_BYTES`]);
     /// when there is none its senders wait.
     Wait(Arc<tokio::sync::Semaphore>),
@@ -88,7 +90,7 @@ impl Budget {
     /// A frame of `n` bytes left the queue.
     fn release(&self, n: usize) {
         match self {
-            Budget::Drop(queued) => {
+            Budget::Drop { queued, .. } => {
                 queued.fetch_sub(n, Ordering::Relaxed);
             }
             Budget::Wait(room) => room.add_permits(n),
@@ -125,7 +127,7 @@ impl Clients {
             let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
             for (&id, queue) in queues.iter() {
                 match &queue.budget {
-                    Budget::Drop(queued) => {
+                    Budget::Drop { queued, .. } => {
                         let n = frame.len();
                         let after = queued.fetch_add(n, Ordering::Relaxed) + n;
                         if after > CLIENT_QUEUE_BYTES || queue.tx.send(frame.clone()).is_err() {
@@ -181,12 +183,10 @@ impl Clients {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
-        let Some(queue) = queue else { return };
-        if let Budget::Wait(room) = &queue.budget {
-            room.close();
-        }
-        if let Some(kick) = &queue.kick {
-            kick.notify_one();
+        match queue.map(|queue| queue.budget) {
+            Some(Budget::Drop { kick, .. }) => kick.notify_one(),
+            Some(Budget::Wait(room)) => room.close(),
+            None => {}
         }
     }
 }
@@ -315,7 +315,6 @@ impl Hub {
         let id = self.clients.register(Queue {
             tx,
             budget: budget.clone(),
-            kick: None,
         });
         tracing::debug!(id, "bus client connected in process");
         LocalPeer {
@@ -531,17 +530,16 @@ async fn client(
     let (tx, rx) = mpsc::unbounded_channel();
     let kick = Arc::new(tokio::sync::Notify::new());
     // The greeting, queued first, is counted like any frame.
-    let budget = Budget::Drop(Arc::new(AtomicUsize::new(CONNECTED.len())));
+    let budget = Budget::Drop {
+        queued: Arc::new(AtomicUsize::new(CONNECTED.len())),
+        kick: kick.clone(),
+    };
     let _ = tx.send(Utf8Bytes::from_static(CONNECTED));
     let mut rx = Inbox {
         rx,
         budget: budget.clone(),
     };
-    let id = clients.register(Queue {
-        tx,
-        budget,
-        kick: Some(kick.clone()),
-    });
+    let id = clients.register(Queue { tx, budget });
     let registered = Registered {
         clients: &clients,
         id,
