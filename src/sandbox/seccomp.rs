@@ -183,13 +183,15 @@ fn target_arch() -> Option<TargetArch> {
 /// here), installed in a child by [`Prepared::apply_in_child`].
 #[derive(Debug, Clone)]
 pub struct Prepared {
-    /// The BPF programs, installed one after the other. A seccompiler
-    /// filter has one answer for all the calls it matches, so the `EPERM`
-    /// refusals and `clone3`'s `ENOSYS` are separate programs, and the x32
-    /// guard (a test on the call number, which seccompiler cannot express)
-    /// a third on x86_64. The kernel runs them all and takes the strictest
-    /// answer, so their order does not matter.
-    programs: Vec<BpfProgram>,
+    /// The BPF program. A seccompiler filter has one answer for all the
+    /// calls it matches, so the `EPERM` refusals and `clone3`'s `ENOSYS` are
+    /// built as separate programs, and the x32 guard (a test on the call
+    /// number, which seccompiler cannot express) as a third on x86_64; they
+    /// are chained into this one ([`build::chain`]): the kernel checks,
+    /// translates and compiles each filter a process installs, and runs each
+    /// on every call it has not found always allowed, so one filter costs a
+    /// third of three at every child's start and after.
+    program: BpfProgram,
     /// What is refused, one entry per refused syscall (and one for the x32
     /// guard), for `check --sandbox` reports.
     refused: Vec<&'static str>,
@@ -200,23 +202,18 @@ impl Prepared {
     /// there: sets `PR_SET_NO_NEW_PRIVS`, then installs each program with
     /// `seccomp(SECCOMP_SET_MODE_FILTER)`. Only system calls: no
     /// allocation, no lock. On an error the child must not exec (an error
-    /// there fails the spawn), since it may hold only some of the programs.
+    /// there fails the spawn).
     pub fn apply_in_child(&self) -> std::io::Result<()> {
-        for program in &self.programs {
-            // seccompiler::apply_filter (0.5) is prctl(PR_SET_NO_NEW_PRIVS)
-            // and the seccomp syscall with a `sock_fprog` on its stack
-            // pointing at `program`; its errors carry
-            // `io::Error::last_os_error()`, an OS code with no allocation.
-            if let Err(e) = seccompiler::apply_filter(program) {
-                return Err(match e {
-                    seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => e,
-                    // EmptyFilter (no program is empty) or ThreadSync (not
-                    // asked for): an OS code, since a boxed error allocates.
-                    _ => std::io::Error::from_raw_os_error(libc::EINVAL),
-                });
-            }
-        }
-        Ok(())
+        // seccompiler::apply_filter (0.5) is prctl(PR_SET_NO_NEW_PRIVS) and
+        // the seccomp syscall with a `sock_fprog` on its stack pointing at
+        // the program; its errors carry `io::Error::last_os_error()`, an OS
+        // code with no allocation.
+        seccompiler::apply_filter(&self.program).map_err(|e| match e {
+            seccompiler::Error::Prctl(e) | seccompiler::Error::Seccomp(e) => e,
+            // EmptyFilter (the program is not empty) or ThreadSync (not
+            // asked for): an OS code, since a boxed error allocates.
+            _ => std::io::Error::from_raw_os_error(libc::EINVAL),
+        })
     }
 
     /// The syscalls refused (with the arguments that are, where not all
@@ -289,7 +286,47 @@ mod build {
             refused.push("x32 ABI calls");
             programs.push(x32_guard());
         }
-        Ok(Prepared { programs, refused })
+        Ok(Prepared {
+            program: chain(programs),
+            refused,
+        })
+    }
+
+    /// `BPF_RET | BPF_K` (linux/bpf_common.h): returns `k`.
+    const RETURN: u16 = 0x06;
+
+    /// `BPF_JMP | BPF_JA`: jumps `k` instructions forward.
+    const JUMP: u16 = 0x05;
+
+    /// One program that answers as `programs` installed one after the other
+    /// do, when no two of them refuse the same call (each call is refused by
+    /// one program of the table at most, and the architecture check kills in
+    /// each): every "allow" but the last program's becomes a jump to the
+    /// start of the next program, so a call goes on to the next test where
+    /// it would have been allowed. The kernel takes forward jumps of any
+    /// length (`BPF_JA` is among the instructions seccomp accepts), and its
+    /// precomputation of the calls a filter always allows follows them.
+    pub(super) fn chain(programs: Vec<seccompiler::BpfProgram>) -> seccompiler::BpfProgram {
+        let count = programs.len();
+        let mut chained = Vec::with_capacity(programs.iter().map(Vec::len).sum());
+        for (n, mut program) in programs.into_iter().enumerate() {
+            if n + 1 < count {
+                let len = program.len();
+                for (i, op) in program.iter_mut().enumerate() {
+                    if op.code == RETURN && op.k == libc::SECCOMP_RET_ALLOW {
+                        // Lands just past this program's last instruction.
+                        *op = seccompiler::sock_filter {
+                            code: JUMP,
+                            jt: 0,
+                            jf: 0,
+                            k: (len - i - 1) as u32,
+                        };
+                    }
+                }
+            }
+            chained.extend(program);
+        }
+        chained
     }
 
     /// One refused syscall.
@@ -452,8 +489,6 @@ mod build {
         const LOAD_WORD: u16 = 0x20;
         /// `BPF_JMP | BPF_JGE | BPF_K`.
         const JUMP_IF_AT_LEAST: u16 = 0x35;
-        /// `BPF_RET | BPF_K`.
-        const RETURN: u16 = 0x06;
         /// `offsetof(struct seccomp_data, nr)`.
         const NR: u32 = 0;
         /// `__X32_SYSCALL_BIT`.

@@ -155,6 +155,11 @@ fn the_child_runs_in_filter_mode_without_new_privileges() {
     let filter = prepare(false).expect("prepare");
     let status = run(Some(&filter), "/bin/sh", &["-c", "cat /proc/self/status"]);
     assert!(status.contains("Seccomp:\t2\n"), "{status}");
+    // One filter (the kernel counts them since Linux 5.9): the programs
+    // are chained, and the kernel prepares and runs one.
+    if status.contains("Seccomp_filters:") {
+        assert!(status.contains("Seccomp_filters:\t1\n"), "{status}");
+    }
     assert!(status.contains("NoNewPrivs:\t1\n"), "{status}");
     assert_eq!(run(Some(&filter), "/bin/sh", &["-c", "echo ok"]), "ok\n");
 }
@@ -247,4 +252,36 @@ fn the_report_lists_what_is_refused() {
     names.sort_unstable();
     names.dedup();
     assert_eq!(names.len(), closed.refused().len(), "each listed once");
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[test]
+fn chained_programs_go_on_where_one_would_allow() {
+    use seccompiler::sock_filter;
+    let op = |code, k| sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    };
+    let allow = || op(0x06, libc::SECCOMP_RET_ALLOW);
+    let refuse = || op(0x06, libc::SECCOMP_RET_ERRNO | libc::EPERM as u32);
+    let load = || op(0x20, 0);
+    let jump = |k| op(0x05, k);
+    let chained = super::build::chain(vec![
+        vec![load(), allow(), refuse(), allow()],
+        vec![load(), refuse(), allow()],
+    ]);
+    // Each "allow" of the first program jumps to the second's start; the
+    // second, last, keeps its own.
+    let expected = vec![
+        load(),
+        jump(2),
+        refuse(),
+        jump(0),
+        load(),
+        refuse(),
+        allow(),
+    ];
+    assert_eq!(chained, expected);
 }
