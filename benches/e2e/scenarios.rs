@@ -427,6 +427,31 @@ pub(crate) async fn bench(b: &mut Bench) {
             Target::at_most(20.0, "≤ +20 ms"),
         );
         }
+        // For scale: the twenty children's own starts, all at once (each on
+        // a thread of the benchmark), with neither daemon nor sandbox. On a
+        // machine with fewer cores than children, their start alone is
+        // longer than one child's.
+        let command = compiled.command.display().to_string();
+        let together = median(
+            (0..STARTS)
+                .map(|_| {
+                    let started = Instant::now();
+                    std::thread::scope(|threads| {
+                        for _ in 0..20 {
+                            threads.spawn(|| child_startup(&command, &[], &manifests));
+                        }
+                    });
+                    started.elapsed()
+                })
+                .collect(),
+        );
+        b.row(
+            "6-start-compiled-20-bare",
+            "the same 20 children started at once by the benchmark (no daemon, no sandbox): until the last has listed its tools, in ms (medians of 3)",
+            together.map(ms),
+            together.map_or("n/a".into(), |t| format!("{:.0} ms", ms(t))),
+            None,
+        );
     }
     if b.runs("7") {
         // 7: 200 toolboxes x 10 tools vs 2 x 10: list round trip and memory.
