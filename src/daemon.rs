@@ -100,6 +100,12 @@ pub enum DaemonError {
     Audit(#[from] AuditError),
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error(
+        "{part} ended while the daemon was serving ({how}); toolboxd stopped its toolboxes and \
+         exits so that its service manager starts it again. This is a bug: please report it \
+         with the log"
+    )]
+    PartEnded { part: &'static str, how: String },
 }
 
 /// Runs the daemon until SIGTERM or SIGINT.
@@ -179,19 +185,25 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
         finish,
         finished,
     });
-    let stopping = if start_up(&mut daemon, &mut stop).await {
-        serve(daemon, stop, hangup, ready).await
-    } else {
-        tracing::info!("stopped before start-up finished");
-        Stopping {
-            supervisor: Some(daemon.supervisor),
-            audit: daemon.audit,
-            closing: daemon.closing,
-            finish: daemon.finish,
+    let mut stopping = match start_up(&mut daemon, &mut stop).await {
+        Ok(true) => serve(daemon, stop, hangup, ready).await,
+        up => {
+            let failure = up.err();
+            if failure.is_none() {
+                tracing::info!("stopped before start-up finished");
+            }
+            Stopping {
+                supervisor: Some(daemon.supervisor),
+                audit: daemon.audit,
+                closing: daemon.closing,
+                finish: daemon.finish,
+                failure,
+            }
         }
     };
+    let failure = stopping.failure.take();
     shut_down(stopping).await;
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }
 
 /// How the daemon is on the bus when it starts.
@@ -334,11 +346,51 @@ struct Daemon {
     inbox: Inbox,
     /// Whether the bus connection is up.
     connected: watch::Receiver<bool>,
-    /// The bus connection, the embedded bus and the control socket: they end
-    /// after `finish`.
-    closing: Vec<JoinHandle<()>>,
+    /// The bus connection, the embedded bus, the control socket and the
+    /// metrics endpoint: they end after `finish`, and only then.
+    closing: Vec<Part>,
     /// Closes the bus connection, the embedded bus and the control socket.
     finish: ShutdownTrigger,
+}
+
+/// A part of the daemon that runs as a task of its own until shutdown.
+struct Part {
+    /// What it is, for the error if it ends before its time.
+    name: &'static str,
+    /// The task.
+    task: JoinHandle<()>,
+}
+
+/// Waits until one of `parts` ends and takes it out of the list; returns
+/// its name and how it ended (never, if the list is empty). Each part runs
+/// until shutdown, so one that ends before has panicked: a bug. Without
+/// this watch, the daemon would go on without its bus or its control
+/// socket, alive to its service manager and useless.
+async fn part_ended(parts: &mut Vec<Part>) -> (&'static str, String) {
+    if parts.is_empty() {
+        return std::future::pending().await;
+    }
+    let tasks = parts.iter_mut().map(|part| &mut part.task);
+    let (ended, index, _) = futures_util::future::select_all(tasks).await;
+    let part = parts.swap_remove(index);
+    (part.name, how_it_ended(ended))
+}
+
+/// A finished task's end, in words: its panic's message, if it panicked.
+fn how_it_ended<T>(ended: Result<T, tokio::task::JoinError>) -> String {
+    match ended {
+        Ok(_) => "it returned".to_owned(),
+        Err(e) if e.is_panic() => {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "no message".to_owned());
+            format!("it panicked: {message}")
+        }
+        Err(e) => e.to_string(),
+    }
 }
 
 /// Starts every piece: the toolboxes (not yet on the bus), the service and
@@ -428,30 +480,50 @@ fn start(start: Start) -> Daemon {
         operators,
         inbox,
         connected,
-        closing: [Some(bus_task), Some(control_task), bus.server, metrics_task]
-            .into_iter()
-            .flatten()
-            .collect(),
+        closing: [
+            Some(("the bus connection", bus_task)),
+            Some(("the control socket", control_task)),
+            bus.server.map(|task| ("the embedded bus", task)),
+            metrics_task.map(|task| ("the metrics endpoint", task)),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|(name, task)| Part { name, task })
+        .collect(),
         finish,
     }
 }
 
 /// Waits for the bus, puts the toolboxes on it (but those another host
 /// already answers for) and waits for them to finish starting. `false` if
-/// `stop` came first.
-async fn start_up(daemon: &mut Daemon, stop: &mut Shutdown) -> bool {
+/// `stop` came first; an error if a part of the daemon ended (a bug).
+async fn start_up(daemon: &mut Daemon, stop: &mut Shutdown) -> Result<bool, DaemonError> {
+    let Daemon {
+        connected,
+        supervisor,
+        closing,
+        ..
+    } = daemon;
     let started = async {
-        let _ = daemon.connected.wait_for(|up| *up).await;
+        let _ = connected.wait_for(|up| *up).await;
         // Served at once; the check for other hosts' ids runs beside, once
         // the operator serves (see `Operator::run`).
-        daemon.supervisor.admit();
+        supervisor.admit();
         tracing::info!("taking calls; waiting for the toolboxes to finish starting");
-        daemon.supervisor.wait_started().await;
+        supervisor.wait_started().await;
     };
     tokio::select! {
-        _ = started => true,
-        _ = stop.recv() => false,
+        _ = started => Ok(true),
+        _ = stop.recv() => Ok(false),
+        (part, how) = part_ended(closing) => Err(part_failed(part, how)),
     }
+}
+
+/// The error for a part of the daemon that ended before shutdown, logged.
+fn part_failed(part: &'static str, how: String) -> DaemonError {
+    let error = DaemonError::PartEnded { part, how };
+    tracing::error!("{error}");
+    error
 }
 
 /// Serves until `stop`: the operator carries out operator requests in a task
@@ -490,12 +562,35 @@ async fn serve(
         daemon.peers.clone(),
         notifier.clone(),
     );
-    let operator = tokio::spawn(operator.run(daemon.inbox, operating));
+    let mut operator = tokio::spawn(operator.run(daemon.inbox, operating));
+    // The operator's end, if it came before shutdown (a panic): what it
+    // left of the toolboxes.
+    let mut operator_ended: Option<Option<Supervisor>> = None;
+    let mut closing = daemon.closing;
+    let mut failure = None;
     // The watchdog is pinged from this loop, so a stuck loop stops the pings.
     let mut watchdog = notifier.watchdog_interval().map(tokio::time::interval);
     loop {
         tokio::select! {
             _ = stop.recv() => break,
+            (part, how) = part_ended(&mut closing) => {
+                failure = Some(part_failed(part, how));
+                break;
+            }
+            ended = &mut operator => {
+                let how = match ended {
+                    Ok(supervisor) => {
+                        operator_ended = Some(Some(supervisor));
+                        "it returned".to_owned()
+                    }
+                    Err(e) => {
+                        operator_ended = Some(None);
+                        how_it_ended::<()>(Err(e))
+                    }
+                };
+                failure = Some(part_failed("the operator (which holds the toolboxes)", how));
+                break;
+            }
             _ = hangup.recv() => {
                 tracing::info!("SIGHUP: reloading manifests");
                 if let Some(audit) = &daemon.audit {
@@ -511,11 +606,16 @@ async fn serve(
     notifier.send("STOPPING=1");
     tracing::info!("shutting down: draining calls and stopping toolboxes");
     stop_operating.trigger();
+    let supervisor = match operator_ended {
+        Some(supervisor) => supervisor,
+        None => operator.await.ok(),
+    };
     Stopping {
-        supervisor: operator.await.ok(),
+        supervisor,
         audit: daemon.audit,
-        closing: daemon.closing,
+        closing,
         finish: daemon.finish,
+        failure,
     }
 }
 
@@ -525,10 +625,13 @@ struct Stopping {
     supervisor: Option<Supervisor>,
     /// The audit log, closed once the last call is answered.
     audit: Option<Arc<Audit>>,
-    /// The bus connection, the embedded bus and the control socket.
-    closing: Vec<JoinHandle<()>>,
+    /// The bus connection, the embedded bus, the control socket and the
+    /// metrics endpoint.
+    closing: Vec<Part>,
     /// Closes the bus connection, the embedded bus and the control socket.
     finish: ShutdownTrigger,
+    /// Why the daemon stops, if not for a stop asked for: `run`'s error.
+    failure: Option<DaemonError>,
 }
 
 /// Stops every toolbox (in-flight calls drain), then closes the bus and the
@@ -543,6 +646,44 @@ async fn shut_down(stopping: Stopping) {
     // Every toolbox is stopped: the limit cgroups of the toolboxes can go.
     let _ = tokio::task::spawn_blocking(crate::sandbox::limits::remove_daemon_groups).await;
     stopping.finish.trigger();
-    futures_util::future::join_all(stopping.closing).await;
+    futures_util::future::join_all(stopping.closing.into_iter().map(|part| part.task)).await;
     tracing::info!("stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_part_that_panics_is_reported_by_name_and_taken_out() {
+        let mut parts = vec![
+            Part {
+                name: "the bus connection",
+                task: tokio::spawn(std::future::pending()),
+            },
+            Part {
+                name: "the control socket",
+                task: tokio::spawn(async { panic!("a bug") }),
+            },
+        ];
+        let (part, how) = part_ended(&mut parts).await;
+        assert_eq!(part, "the control socket");
+        assert_eq!(how, "it panicked: a bug");
+        // The one still running stays, for shutdown to wait on.
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0].name, "the bus connection");
+        let error = DaemonError::PartEnded { part, how }.to_string();
+        assert!(error.contains("the control socket ended"), "{error}");
+        assert!(error.contains("service manager starts it again"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn with_no_parts_nothing_ends() {
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_millis(20),
+            part_ended(&mut Vec::new()),
+        )
+        .await;
+        assert!(waited.is_err());
+    }
 }
