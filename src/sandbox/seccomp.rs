@@ -64,7 +64,7 @@
 //!   x86_64 or aarch64; the 32-bit ABIs that have it are not allowed at all
 //!   (below).
 //!
-//! Every program checks the architecture the call was made for and kills
+//! The filter first checks the architecture the call was made for and kills
 //! the process when it is not the daemon's own (seccompiler's check): a
 //! 32-bit binary (i386 on x86_64, armhf on aarch64) run as a sandboxed
 //! toolbox dies of `SIGSYS` at its first call. A daemon built for another
@@ -187,10 +187,11 @@ pub struct Prepared {
     /// calls it matches, so the `EPERM` refusals and `clone3`'s `ENOSYS` are
     /// built as separate programs, and the x32 guard (a test on the call
     /// number, which seccompiler cannot express) as a third on x86_64; they
-    /// are chained into this one ([`build::chain`]): the kernel checks,
-    /// translates and compiles each filter a process installs, and runs each
-    /// on every call it has not found always allowed, so one filter costs a
-    /// third of three at every child's start and after.
+    /// are chained into this one ([`build::chain`]). The program is as long
+    /// as the three, but what the kernel spends per filter (a `prctl`, a
+    /// `seccomp` call, an allocation and a JIT image, a walk over every
+    /// call number for its cache of always-allowed calls, a run on each call
+    /// not in that cache) comes once instead of three times.
     program: BpfProgram,
     /// What is refused, one entry per refused syscall (and one for the x32
     /// guard), for `check --sandbox` reports.
@@ -199,7 +200,7 @@ pub struct Prepared {
 
 impl Prepared {
     /// In the child before its exec (`child/exec.rs`), last of what runs
-    /// there: sets `PR_SET_NO_NEW_PRIVS`, then installs each program with
+    /// there: sets `PR_SET_NO_NEW_PRIVS`, then installs the program with
     /// `seccomp(SECCOMP_SET_MODE_FILTER)`. Only system calls: no
     /// allocation, no lock. On an error the child must not exec (an error
     /// there fails the spawn).
@@ -257,19 +258,34 @@ mod build {
 
     use super::{target_arch, Prepared, SeccompError, Unsupported};
 
-    /// Compiles [`refusals`] into one program per errno (plus the x32 guard
-    /// on x86_64).
+    /// Compiles [`refusals`] into one program (see [`chain`]).
     pub(super) fn prepared(network_none: bool) -> Result<Prepared, SeccompError> {
+        let (programs, refused) = programs(network_none)?;
+        Ok(Prepared {
+            program: chain(programs),
+            refused,
+        })
+    }
+
+    /// Compiles [`refusals`] into one program per errno, then the x32 guard
+    /// on x86_64, last; returns them with the names of what is refused.
+    pub(super) fn programs(
+        network_none: bool,
+    ) -> Result<(Vec<seccompiler::BpfProgram>, Vec<&'static str>), SeccompError> {
         let arch = target_arch().ok_or(Unsupported::Arch(std::env::consts::ARCH))?;
         let mut refused = Vec::new();
         let mut by_errno: BTreeMap<i32, BTreeMap<i64, Vec<SeccompRule>>> = BTreeMap::new();
+        let mut numbers = std::collections::BTreeSet::new();
         for refusal in refusals(network_none)? {
             refused.push(refusal.shown);
-            let before = by_errno
+            // One refusal per syscall, whatever its errno: `chain` needs no
+            // call refused by two programs.
+            let first = numbers.insert(refusal.nr);
+            debug_assert!(first, "one refusal per syscall");
+            by_errno
                 .entry(refusal.errno)
                 .or_default()
                 .insert(refusal.nr, refusal.rules);
-            debug_assert!(before.is_none(), "one refusal per syscall");
         }
         let mut programs = Vec::new();
         for (errno, rules) in by_errno {
@@ -281,15 +297,13 @@ mod build {
             )?;
             programs.push(filter.try_into()?);
         }
+        // Last: it has no architecture check of its own (see `chain`).
         #[cfg(target_arch = "x86_64")]
         {
             refused.push("x32 ABI calls");
             programs.push(x32_guard());
         }
-        Ok(Prepared {
-            program: chain(programs),
-            refused,
-        })
+        Ok((programs, refused))
     }
 
     /// `BPF_RET | BPF_K` (linux/bpf_common.h): returns `k`.
@@ -299,12 +313,16 @@ mod build {
     const JUMP: u16 = 0x05;
 
     /// One program that answers as `programs` installed one after the other
-    /// do, when no two of them refuse the same call (each call is refused by
-    /// one program of the table at most, and the architecture check kills in
-    /// each): every "allow" but the last program's becomes a jump to the
-    /// start of the next program, so a call goes on to the next test where
-    /// it would have been allowed. The kernel takes forward jumps of any
-    /// length (`BPF_JA` is among the instructions seccomp accepts), and its
+    /// do: every "allow" but the last program's becomes a jump to the start
+    /// of the next program, so a call goes on to the next test where it
+    /// would have been allowed (seccompiler writes "allow" only as a
+    /// `BPF_RET | BPF_K`; a jump that landed on it lands on the new jump).
+    /// The answers are the same because no call is refused by two programs
+    /// ([`programs`] checks), and because the first program kills a call of
+    /// a foreign architecture before any refusal, as the kernel's strictest-
+    /// answer rule would: the x32 guard, which has no architecture check,
+    /// comes last. The kernel takes forward jumps that land inside the
+    /// program (`BPF_JA` is among the instructions seccomp accepts), and its
     /// precomputation of the calls a filter always allows follows them.
     pub(super) fn chain(programs: Vec<seccompiler::BpfProgram>) -> seccompiler::BpfProgram {
         let count = programs.len();
@@ -326,6 +344,9 @@ mod build {
             }
             chained.extend(program);
         }
+        // BPF_MAXINSNS: the kernel refuses a longer program (the child's
+        // start then fails, unconfined never).
+        debug_assert!(chained.len() <= 4096, "{} instructions", chained.len());
         chained
     }
 

@@ -155,10 +155,18 @@ fn the_child_runs_in_filter_mode_without_new_privileges() {
     let filter = prepare(false).expect("prepare");
     let status = run(Some(&filter), "/bin/sh", &["-c", "cat /proc/self/status"]);
     assert!(status.contains("Seccomp:\t2\n"), "{status}");
-    // One filter (the kernel counts them since Linux 5.9): the programs
-    // are chained, and the kernel prepares and runs one.
-    if status.contains("Seccomp_filters:") {
-        assert!(status.contains("Seccomp_filters:\t1\n"), "{status}");
+    // One filter more than this process has (the kernel counts them since
+    // Linux 5.9; a test run may be filtered itself): the programs are
+    // chained, and the kernel prepares and runs one.
+    let filters = |status: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("Seccomp_filters:"))
+            .map(|n| n.trim().parse::<u32>().expect("a count"))
+    };
+    let own = std::fs::read_to_string("/proc/self/status").expect("own status");
+    if let (Some(own), Some(child)) = (filters(&own), filters(&status)) {
+        assert_eq!(child, own + 1, "{status}");
     }
     assert!(status.contains("NoNewPrivs:\t1\n"), "{status}");
     assert_eq!(run(Some(&filter), "/bin/sh", &["-c", "echo ok"]), "ok\n");
@@ -284,4 +292,113 @@ fn chained_programs_go_on_where_one_would_allow() {
         allow(),
     ];
     assert_eq!(chained, expected);
+}
+
+/// A classic BPF interpreter for seccomp programs (the instructions
+/// seccompiler and the x32 guard use), to compare decisions.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn run_bpf(program: &[seccompiler::sock_filter], data: &[u32; 16]) -> u32 {
+    let mut acc: u32 = 0;
+    let mut pc = 0;
+    loop {
+        let op = &program[pc];
+        pc += 1;
+        match op.code {
+            // BPF_LD | BPF_W | BPF_ABS: a word of `struct seccomp_data`.
+            0x20 => acc = data[op.k as usize / 4],
+            // BPF_ALU | BPF_AND | BPF_K
+            0x54 => acc &= op.k,
+            // BPF_JMP | BPF_JA
+            0x05 => pc += op.k as usize,
+            // BPF_JMP | BPF_JEQ, BPF_JGT, BPF_JGE, BPF_JSET (| BPF_K)
+            0x15 | 0x25 | 0x35 | 0x45 => {
+                let taken = match op.code {
+                    0x15 => acc == op.k,
+                    0x25 => acc > op.k,
+                    0x35 => acc >= op.k,
+                    _ => acc & op.k != 0,
+                };
+                pc += usize::from(if taken { op.jt } else { op.jf });
+            }
+            // BPF_RET | BPF_K
+            0x06 => return op.k,
+            code => panic!("instruction {code:#x} not interpreted"),
+        }
+    }
+}
+
+/// What the kernel answers with `programs` installed in order: each runs,
+/// the most severe action wins, and of equals the newest (kernel/seccomp.c,
+/// `seccomp_run_filters`).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn run_installed(programs: &[seccompiler::BpfProgram], data: &[u32; 16]) -> u32 {
+    let action = |ret: u32| (ret & 0xffff_0000) as i32;
+    let mut answer = libc::SECCOMP_RET_ALLOW;
+    for program in programs.iter().rev() {
+        let ret = run_bpf(program, data);
+        if action(ret) < action(answer) {
+            answer = ret;
+        }
+    }
+    answer
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[test]
+fn the_chained_program_decides_as_its_programs_installed_one_by_one() {
+    // AUDIT_ARCH_X86_64 and AUDIT_ARCH_AARCH64 (linux/audit.h).
+    let (x86_64, aarch64) = (0xc000_003e_u32, 0xc000_00b7_u32);
+    let (native, foreign) = if cfg!(target_arch = "x86_64") {
+        (x86_64, aarch64)
+    } else {
+        (aarch64, x86_64)
+    };
+    // Argument values the rules look at, and neighbours.
+    let mut values: Vec<u32> = vec![
+        0,
+        1,
+        0xffff_ffff,
+        libc::AF_UNIX as u32,
+        libc::AF_INET as u32,
+    ];
+    values.extend([libc::TIOCSTI, libc::TIOCLINUX].map(|r| r as u32));
+    values.extend(
+        [
+            libc::CLONE_NEWNS,
+            libc::CLONE_NEWUSER,
+            libc::CLONE_NEWNET,
+            libc::CLONE_VM | libc::CLONE_NEWPID,
+            libc::CLONE_VM | libc::CLONE_THREAD,
+        ]
+        .map(|f| f as u32),
+    );
+    for network_none in [false, true] {
+        let (programs, _) = super::build::programs(network_none).expect("programs");
+        let chained = super::build::chain(programs.clone());
+        let mut checked = 0;
+        for arch in [native, foreign] {
+            let numbers = (0..1024).chain((0..600).map(|n| 0x4000_0000 + n));
+            for nr in numbers {
+                for &low in &values {
+                    for high in [0, 1] {
+                        let mut data = [0u32; 16];
+                        data[0] = nr;
+                        data[1] = arch;
+                        // Every argument: low word `low`, high word `high`.
+                        for arg in 0..6 {
+                            data[4 + 2 * arg] = low;
+                            data[5 + 2 * arg] = high;
+                        }
+                        assert_eq!(
+                            run_bpf(&chained, &data),
+                            run_installed(&programs, &data),
+                            "nr {nr:#x}, arch {arch:#x}, arguments {low:#x} (high {high})"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 50_000);
+    }
 }
