@@ -41,6 +41,17 @@ impl LogBudget {
         self.used += 1;
         Some(std::mem::take(&mut self.dropped))
     }
+
+    /// When to say how many lines were dropped if no line comes to say it
+    /// (the end of the second they were dropped in); `None` when none were.
+    pub fn report_due(&self) -> Option<std::time::Instant> {
+        (self.dropped > 0).then(|| self.since + Duration::from_secs(1))
+    }
+
+    /// The lines dropped since the last report, now reported.
+    pub fn take_dropped(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped)
+    }
 }
 
 /// `text` cut to at most `max` bytes, at a character boundary (a line kept
@@ -86,6 +97,20 @@ mod tests {
         assert_eq!(budget.take(), None);
         budget.since -= Duration::from_secs(1);
         assert_eq!(budget.take(), Some(2));
+    }
+
+    #[test]
+    fn a_report_is_due_only_once_lines_were_dropped() {
+        let mut budget = LogBudget::new(1);
+        assert_eq!(budget.take(), Some(0));
+        assert_eq!(budget.report_due(), None, "nothing dropped: no timer");
+        assert_eq!(budget.take(), None);
+        assert_eq!(
+            budget.report_due(),
+            Some(budget.since + Duration::from_secs(1))
+        );
+        assert_eq!(budget.take_dropped(), 1);
+        assert_eq!(budget.report_due(), None);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! global stop): the global stop cancels a session's calls; lazy toolboxes
 //! are listed from their cached catalog with no process running; idle ones
 //! are stopped and started again by the next call; `prewarm_on` topics start
-//! them ahead of their first call.
+//! them ahead of their first call; quiet toolboxes cost the daemon no
+//! wake-up.
 
 mod common;
 
@@ -378,4 +379,36 @@ async fn a_lazy_toolbox_whose_child_crashed_goes_back_to_idle() {
     assert_eq!(row["pids"], json!([]), "{row}");
     let again = bus.call("faulty", "whoami", json!({})).await;
     assert_ne!(again["result"]["pid"], first["result"]["pid"], "{again}");
+}
+
+/// How often the thread `pid` (a process's main thread) has gone to sleep.
+fn sleeps(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+        .map(|n| n.trim().parse().unwrap())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn quiet_toolboxes_cost_the_daemon_no_wake_ups() {
+    let dir = TempDir::new("quiet");
+    for i in 0..8 {
+        let manifest = text_manifest(&format!("quiet{i}"));
+        dir.write(
+            &format!("quiet{i}.toml"),
+            &format!("{manifest}[limits]\nprobe_interval_s = 3600\n"),
+        );
+    }
+    let daemon = Daemon::start(dir.path());
+    // Past the start-up's own timers (the peer probe).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pid = daemon.child.id();
+    let before = sleeps(pid);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let woke = sleeps(pid) - before;
+    // Nothing to do: no call, no probe due, no stderr. (A once-a-second
+    // timer per child, as the stderr budget had, wakes it at least 4 times.)
+    assert!(woke <= 2, "the idle daemon woke {woke} times in 4 s");
 }

@@ -3,14 +3,13 @@
 //! one log line; and each toolbox's recent stderr ([`StderrLog`]), kept for
 //! `ctl logs` and failure reports.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
 use crate::throttle::cut;
+use crate::wait::or_never;
 
 /// `notifications/message` logged per second per child; the rest are counted.
 pub(super) const MESSAGES_PER_SECOND: u32 = 100;
@@ -136,6 +135,10 @@ impl StderrLog {
 /// [`STDERR_LINES_PER_SECOND`] a second; keeps them in the toolbox's `log`.
 /// It always reads on, so a flooding child never blocks on a full pipe. Says
 /// `closed` when the pipe ends (every writer is gone).
+///
+/// Lines past the budget are counted, and the count logged at the next line
+/// logged or at the end of their second, whichever comes first: a timer runs
+/// only while there is a count to report, so a quiet child costs no wake-up.
 pub(super) async fn forward_stderr(
     toolbox: String,
     pid: u32,
@@ -143,19 +146,30 @@ pub(super) async fn forward_stderr(
     log: Arc<StderrLog>,
     closed: tokio::sync::watch::Sender<bool>,
 ) {
-    let budget = Arc::new(FloodBudget::default());
-    tokio::spawn(report_floods(toolbox.clone(), pid, Arc::downgrade(&budget)));
+    let mut budget = LogBudget::new(STDERR_LINES_PER_SECOND);
+    let flood = |suppressed: u64| {
+        if suppressed > 0 {
+            tracing::warn!(toolbox = %toolbox, pid, suppressed, "stderr flood: lines not logged (more than {STDERR_LINES_PER_SECOND} a second)");
+        }
+    };
     let mut reader = BufReader::new(stderr);
     let mut line = Vec::new();
     loop {
-        line.clear();
         // Read at most STDERR_LINE_MAX bytes of a line; skip the rest of it.
-        match (&mut reader)
-            .take(STDERR_LINE_MAX as u64)
-            .read_until(b'\n', &mut line)
-            .await
-        {
-            Ok(0) | Err(_) => break,
+        // A read cut short by the report keeps what it read in `line`.
+        let limit = STDERR_LINE_MAX.saturating_sub(line.len()) as u64;
+        let due = budget.report_due();
+        let mut part = (&mut reader).take(limit);
+        let read = tokio::select! {
+            read = part.read_until(b'\n', &mut line) => read,
+            () = or_never(due.map(|at| tokio::time::sleep_until(at.into()))) => {
+                flood(budget.take_dropped());
+                continue;
+            }
+        };
+        match read {
+            Ok(0) if line.is_empty() => break,
+            Err(_) => break,
             Ok(_) => {}
         }
         if line.last() != Some(&b'\n') {
@@ -163,42 +177,18 @@ pub(super) async fn forward_stderr(
         }
         let text = String::from_utf8_lossy(&line);
         let text = sanitize(text.trim_end());
+        line.clear();
         if text.is_empty() {
             continue;
         }
-        if budget.logged.fetch_add(1, Ordering::Relaxed) < STDERR_LINES_PER_SECOND {
+        if let Some(dropped) = budget.take() {
+            flood(dropped);
             tracing::info!(target: "toolboxd::stderr", toolbox = %toolbox, pid, "{text}");
-        } else {
-            budget.suppressed.fetch_add(1, Ordering::Relaxed);
         }
         log.push(pid, text);
     }
+    flood(budget.take_dropped());
     let _ = closed.send(true);
-}
-
-/// Stderr lines logged in the current second, and those dropped.
-#[derive(Default)]
-struct FloodBudget {
-    logged: std::sync::atomic::AtomicU32,
-    suppressed: AtomicU64,
-}
-
-/// Once a second: renews the stderr budget and says how many lines it dropped.
-/// Ends with the forwarder (when the budget is gone).
-async fn report_floods(toolbox: String, pid: u32, budget: std::sync::Weak<FloodBudget>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.tick().await;
-    loop {
-        tick.tick().await;
-        let Some(budget) = budget.upgrade() else {
-            return;
-        };
-        budget.logged.store(0, Ordering::Relaxed);
-        let suppressed = budget.suppressed.swap(0, Ordering::Relaxed);
-        if suppressed > 0 {
-            tracing::warn!(toolbox = %toolbox, pid, suppressed, "stderr flood: lines not logged (more than {STDERR_LINES_PER_SECOND} a second)");
-        }
-    }
 }
 
 /// Skips the rest of an over-long line in bounded pieces.
