@@ -326,6 +326,10 @@ impl ToolboxHandle {
                 }
             }
             let serving = slot.0.clone();
+            // How long the child has for the call: a call that waited for a
+            // slot most of its time and then runs past its deadline says
+            // nothing about the child.
+            let on_child = deadline.saturating_duration_since(tokio::time::Instant::now());
             // The slot goes with the request: past the deadline it stays
             // taken until the child answers anyway, or is gone.
             let outcome = serving
@@ -338,7 +342,13 @@ impl ToolboxHandle {
                     Ok(result)
                 }
                 Err(RpcFailure::TimedOut) => {
-                    serving.timed_out();
+                    // Against the child only if it had at least half the
+                    // call's time: a burst of slow calls queued behind
+                    // each other reaches it with seconds left, and it is
+                    // busy, not wedged.
+                    if on_child >= limit / 2 {
+                        serving.timed_out();
+                    }
                     Err(CallError::Timeout(limit))
                 }
                 Err(RpcFailure::Rpc(e)) => {

@@ -266,6 +266,50 @@ async fn a_wedged_child_is_killed_and_replaced() {
     assert!(!alive(first));
 }
 
+#[tokio::test]
+async fn a_call_that_reaches_a_busy_child_late_and_times_out_does_not_wedge_it() {
+    let sink = Recorder::new();
+    let handle = spawn(
+        manifest(
+            "fixture_toolbox.py",
+            "[limits]\nmax_concurrent_calls = 1\ncall_timeout_s = 2\nmax_timeouts_in_a_row = 1",
+        ),
+        sink.clone(),
+    );
+    sink.reach("ready").await;
+    let first = handle.pids()[0];
+    let call = |seconds: f64| {
+        let handle = handle.clone();
+        async move {
+            handle
+                .call(
+                    "slow_whoami",
+                    json!({"seconds": seconds}),
+                    Instant::now(),
+                    &mut Cancel::never(),
+                )
+                .await
+        }
+    };
+    // The second call waits 1.7 s for the slot and reaches the child with
+    // 0.3 s of its 2 s left: it times out there, but the child had no
+    // fair chance to answer it.
+    let (early, late) = tokio::join!(call(1.7), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        call(1.0).await
+    });
+    assert_eq!(ok_call(&early.unwrap()) as u32, first);
+    assert_eq!(late, Err(CallError::Timeout(Duration::from_secs(2))));
+    // The same child answers the next call: it was not killed as wedged.
+    let next = call(0.0).await;
+    assert_eq!(ok_call(&next.unwrap()) as u32, first);
+    assert!(
+        sink.history().iter().all(|s| s == "ready"),
+        "{:?}",
+        sink.history()
+    );
+}
+
 #[test]
 fn every_state_name_is_listed_for_the_metrics() {
     let text = String::new;
