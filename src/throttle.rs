@@ -17,6 +17,14 @@ pub struct LogBudget {
     dropped: u64,
 }
 
+/// One line a second: for warnings about what a flood repeats (refused
+/// connections, failing accepts).
+impl Default for LogBudget {
+    fn default() -> Self {
+        LogBudget::new(1)
+    }
+}
+
 impl LogBudget {
     pub fn new(per_second: u32) -> LogBudget {
         LogBudget {

@@ -167,6 +167,21 @@ async fn a_web_page_cannot_use_the_embedded_bus() {
         bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
         2
     );
+    // A page that retries in a loop is refused each time and logged once a
+    // second, with the count of the refusals not logged.
+    let started = std::time::Instant::now();
+    for _ in 0..100 {
+        let refused = tokio_tungstenite::connect_async(with_origin("http://evil.example")).await;
+        assert!(refused.is_err());
+    }
+    let lines = daemon.log_lines_with("comes from a web page");
+    assert!(
+        lines.len() as u64 <= started.elapsed().as_secs() + 2,
+        "{} lines for 102 refusals",
+        lines.len()
+    );
+    let repeated: u64 = lines.iter().map(|l| l["repeated"].as_u64().unwrap()).sum();
+    assert!(repeated + lines.len() as u64 <= 102, "{lines:?}");
 }
 
 #[test]
@@ -347,6 +362,7 @@ async fn unfinished_messages_and_idle_connections_are_bounded() {
     );
 
     // Connections past the cap are closed at once, unanswered.
+    let capping = std::time::Instant::now();
     let mut idle = Vec::new();
     let capped = || {
         !daemon
@@ -370,6 +386,14 @@ async fn unfinished_messages_and_idle_connections_are_bounded() {
         assert!(std::time::Instant::now() < deadline, "not served again");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A refusal is logged once a second at most, whatever the number of
+    // connections past the cap.
+    let lines = daemon.log_lines_with("clients are connected already").len() as u64;
+    assert!(
+        lines <= capping.elapsed().as_secs() + 2,
+        "{lines} lines in {:?}",
+        capping.elapsed()
+    );
 }
 
 #[tokio::test]

@@ -112,9 +112,20 @@ struct Clients {
     /// In-process clients attached ([`Hub::local`]): shutdown waits for
     /// them to leave, so that their last frames are relayed.
     locals: tokio::sync::watch::Sender<usize>,
+    /// Refused connections logged: one line a second, with how many were
+    /// not, so that a client reconnecting in a loop cannot flood the log.
+    refusals: std::sync::Mutex<crate::throttle::LogBudget>,
 }
 
 impl Clients {
+    /// Logs a refused connection, within [`Clients::refusals`].
+    fn refused(&self, peer: SocketAddr, why: &str) {
+        let mut refusals = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(repeated) = refusals.take() {
+            tracing::warn!(%peer, repeated, "bus: refused a connection: {why}");
+        }
+    }
+
     /// Relays one frame to every client: clients whose queue it would push
     /// past [`CLIENT_QUEUE_BYTES`] are disconnected; the daemon's own client
     /// is waited for — except for the echo of its own frames (`from_own`),
@@ -390,7 +401,10 @@ pub async fn serve(listener: TcpListener, hub: Hub, mut shutdown: Shutdown, any_
             Ok((stream, peer)) => {
                 if clients.open.fetch_add(1, Ordering::Relaxed) >= MAX_CLIENTS {
                     clients.open.fetch_sub(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, "bus: refused a connection: {MAX_CLIENTS} clients are connected already");
+                    clients.refused(
+                        peer,
+                        &format!("{MAX_CLIENTS} clients are connected already"),
+                    );
                     continue;
                 }
                 connections.spawn(client(
@@ -430,6 +444,7 @@ fn check_request(
     request: &Request,
     response: Response,
     any_origin: bool,
+    refused: impl FnOnce(&str),
 ) -> Result<Response, ErrorResponse> {
     let refuse = |status: StatusCode, why: String| {
         let mut refusal = ErrorResponse::new(Some(why));
@@ -446,10 +461,10 @@ fn check_request(
     if let Some(origin) = request.headers().get("origin") {
         let origin = origin.to_str().unwrap_or("");
         if !any_origin && !loopback_origin(origin) {
-            tracing::warn!(
-                origin,
-                "bus: refused a connection from a web page (non-loopback Origin)"
-            );
+            refused(&format!(
+                "it comes from a web page (Origin {:?} is not loopback)",
+                crate::throttle::cut(origin, 200)
+            ));
             return refuse(
                 StatusCode::FORBIDDEN,
                 "web pages may not use this bus (its Origin is not loopback)\n".to_owned(),
@@ -502,8 +517,11 @@ async fn client(
     };
     // The signature is tungstenite's handshake callback; its error type is theirs.
     #[allow(clippy::result_large_err)]
-    let check =
-        move |request: &Request, response: Response| check_request(request, response, any_origin);
+    let check = |request: &Request, response: Response| {
+        check_request(request, response, any_origin, |why| {
+            clients.refused(peer, why)
+        })
+    };
     let handshake = tokio_tungstenite::accept_hdr_async_with_config(
         stream,
         check,
