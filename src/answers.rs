@@ -53,6 +53,17 @@ pub fn oversize_context(bytes: usize, max: usize) -> String {
     )
 }
 
+/// A call refused because the calls in progress hold all the daemon allows
+/// them (`service/refusals.rs`).
+pub fn overloaded(frame_bytes: usize, room: usize) -> String {
+    format!(
+        "RuntimeError: toolboxd is busy: the calls in progress hold all the room they share \
+         (this call's message is {frame_bytes} bytes; all together may hold about {} MiB of \
+         messages); try again later, or send a smaller message",
+        room / (1024 * 1024)
+    )
+}
+
 /// A call to a `failed` toolbox.
 pub fn failed(toolbox: &str, reason: &str) -> String {
     format!("RuntimeError: toolbox '{toolbox}' is failed: {reason}")

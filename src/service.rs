@@ -36,6 +36,7 @@ pub const MAX_CONTEXT_BYTES: usize = 64 * 1024;
 
 mod arguments;
 use arguments::check_arguments;
+mod refusals;
 
 pub const DISCOVER: &str = "ovos.persona.tools.discover";
 const DISCOVER_RESPONSE: &str = "ovos.persona.tools.discover.response";
@@ -67,6 +68,8 @@ pub struct Service {
     in_flight: InFlight,
     /// Where finished calls are reported (metrics, audit log).
     observer: Observer,
+    /// The room the requests of calls in progress share.
+    held: refusals::Held,
 }
 
 /// Malformed bus frames logged per second; the rest are counted.
@@ -146,6 +149,7 @@ impl Service {
             malformed: std::sync::Mutex::new(LogBudget::new(MALFORMED_PER_SECOND)),
             in_flight: InFlight::default(),
             observer,
+            held: refusals::Held::default(),
         })
     }
 
@@ -198,13 +202,24 @@ impl Service {
                 return self.refuse_context(topic, request, context);
             }
         }
+        let calls = matches!(
+            topic,
+            Topic::PersonaCall | Topic::Predecessor(_) | Topic::Invoke
+        );
+        let held = match calls.then(|| self.held.admit(frame.len())) {
+            Some(None) => return self.refuse_held(&request, frame.len()),
+            held => held.flatten(),
+        };
         // A call's deadline counts from here, whatever it waits for later.
         let arrived = Arrival {
             at: Instant::now(),
             frame_bytes: frame.len(),
         };
         let service = self.clone();
-        tokio::spawn(async move { service.handle(topic, request, arrived).await });
+        tokio::spawn(async move {
+            service.handle(topic, request, arrived).await;
+            drop(held);
+        });
     }
 
     /// Starts the idle toolboxes that asked to be started by a message of
@@ -239,37 +254,6 @@ impl Service {
             let error = crate::throttle::escape_controls(&error);
             tracing::warn!("dropped a malformed bus frame: {error}");
         }
-    }
-
-    /// Answers a request whose context is too large to echo, with only its
-    /// session kept in the answer's context; discovery stays silent.
-    fn refuse_context(&self, topic: Topic, mut request: Message, bytes: usize) {
-        tracing::debug!(topic = %request.msg_type, bytes, "refused a request with an oversize context");
-        if matches!(topic, Topic::Discover) {
-            return;
-        }
-        let session = request.context.remove("session");
-        request.context.clear();
-        if let Some(session) = session.filter(|s| s.to_string().len() <= MAX_CONTEXT_BYTES) {
-            request.context.insert("session".to_owned(), session);
-        }
-        let error = answers::oversize_context(bytes, MAX_CONTEXT_BYTES);
-        self.respond(&request, Self::error_data(&request, error));
-    }
-
-    /// An error answer's data: the error, with the request's `name` and
-    /// `toolbox_id` (when short) so the caller can tell what it answers.
-    fn error_data(request: &Message, error: String) -> Object {
-        let mut data = Object::new();
-        for key in ["name", "toolbox_id"] {
-            if let Some(Value::String(v)) = request.data.get(key) {
-                if v.len() <= 256 {
-                    data.insert(key.to_owned(), Value::String(v.clone()));
-                }
-            }
-        }
-        data.insert("error".to_owned(), Value::String(error));
-        data
     }
 
     fn respond(&self, request: &Message, data: Object) {

@@ -450,6 +450,62 @@ async fn a_full_wait_queue_answers_busy_at_once_and_others_are_served() {
 }
 
 #[tokio::test]
+async fn calls_padded_past_the_room_calls_share_are_answered_busy_at_once() {
+    // 264 slow calls, each padded to 10 MiB beside its arguments, grew the
+    // daemon to 2.7 GB: a call held its whole request until answered. The
+    // requests of all calls in progress now share a bound.
+    let dir = TempDir::new("held");
+    dir.write("slow.toml", &common::fixture_manifest("slow", ""));
+    let daemon = Daemon::start(dir.path());
+    let before = rss_kib(daemon.pid());
+    let mut attacker = Bus::connect(&daemon.url).await;
+    let padding = "x".repeat((2 << 20) - 1024);
+    let started = std::time::Instant::now();
+    let mut marks = Vec::new();
+    for _ in 0..6 {
+        let m = common::mark();
+        let data = json!({"toolbox_id": "slow", "name": "slow_whoami",
+                          "kwargs": {"seconds": 3.0}, "padding": padding});
+        attacker
+            .send("ovos.persona.tools.call", data, json!({"mark": m}))
+            .await;
+        marks.push(m);
+    }
+    // Each message (just under 2 MiB) counts 16 times its size of the
+    // 128 MiB: four are taken, the next two are answered at once, while the
+    // four still run.
+    async fn answer(bus: &mut Bus, m: &str, within: Duration) -> Value {
+        bus.wait_for(within, |msg| {
+            msg["type"] == "ovos.persona.tools.call.response" && msg["context"]["mark"] == m
+        })
+        .await
+        .unwrap_or_else(|| panic!("no answer to {m} within {within:?}"))["data"]
+            .clone()
+    }
+    for m in &marks[4..] {
+        let data = answer(&mut attacker, m, Duration::from_secs(2)).await;
+        let error = data["error"].as_str().unwrap_or_default();
+        assert!(
+            error.starts_with("RuntimeError: toolboxd is busy"),
+            "{data}"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(3), "not at once");
+    for m in &marks[..4] {
+        let data = answer(&mut attacker, m, Duration::from_secs(20)).await;
+        assert!(data["result"]["pid"].is_u64(), "{data}");
+    }
+    let after = rss_kib(daemon.pid());
+    assert!(
+        after < before + 160 * 1024,
+        "daemon RSS grew from {before} KiB to {after} KiB"
+    );
+    // Their room is given back when they are answered.
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert!(bus.call("slow", "whoami", json!({})).await["result"]["pid"].is_u64());
+}
+
+#[tokio::test]
 async fn a_slow_pattern_on_a_large_argument_never_stalls_the_daemon() {
     // A lookahead pattern on an 80k-character argument froze the whole daemon
     // for 17 s (validation ran on its only thread). Large arguments are now

@@ -1,0 +1,85 @@
+//! Requests refused at the door, before any task is spawned for them: a
+//! context too large to echo, and a call when the calls in progress already
+//! hold what the daemon allows them.
+//!
+//! A call holds its request (decoded) until it is answered: up to
+//! `call_timeout_s`, and `max_queued_calls` of them per toolbox may wait.
+//! Its arguments are bounded (`max_argument_bytes`), but a client may pad
+//! the rest of the message up to the bus's 10 MiB, and a decoded JSON tree
+//! takes up to 16 times its text (`[0,0,...]`: 32 bytes a value for 2 bytes
+//! of text). Counted by their frame's size times that, the requests of all
+//! calls in progress share [`HELD_BYTES`]; a call past it is answered busy
+//! at once.
+
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use super::{answers, Message, Object, Service, Topic, Value, MAX_CONTEXT_BYTES};
+
+/// What the requests of all calls in progress may hold, counted as their
+/// frame's size times [`TREE_FACTOR`]: 8,000 calls of 1 KiB, eight with
+/// 1 MiB of arguments.
+pub(super) const HELD_BYTES: usize = 128 * 1024 * 1024;
+
+/// A decoded JSON tree's size at most, per byte of its text.
+const TREE_FACTOR: usize = 16;
+
+/// The room the calls in progress share.
+pub(super) struct Held(Arc<Semaphore>);
+
+impl Default for Held {
+    fn default() -> Self {
+        Held(Arc::new(Semaphore::new(HELD_BYTES)))
+    }
+}
+
+impl Held {
+    /// Room for a call that came in a frame of `frame_bytes`, kept until the
+    /// permit is dropped; `None` when there is none now.
+    pub(super) fn admit(&self, frame_bytes: usize) -> Option<OwnedSemaphorePermit> {
+        let bytes = frame_bytes.saturating_mul(TREE_FACTOR).min(HELD_BYTES);
+        let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
+        self.0.clone().try_acquire_many_owned(bytes).ok()
+    }
+}
+
+impl Service {
+    /// Answers a request whose context is too large to echo (its session
+    /// kept, if small, so that the caller can tell what it answers).
+    pub(super) fn refuse_context(&self, topic: Topic, mut request: Message, bytes: usize) {
+        tracing::debug!(topic = %request.msg_type, bytes, "refused a request with an oversize context");
+        if matches!(topic, Topic::Discover) {
+            return;
+        }
+        let session = request.context.remove("session");
+        request.context.clear();
+        if let Some(session) = session.filter(|s| s.to_string().len() <= MAX_CONTEXT_BYTES) {
+            request.context.insert("session".to_owned(), session);
+        }
+        let error = answers::oversize_context(bytes, MAX_CONTEXT_BYTES);
+        self.respond(&request, Self::error_data(&request, error));
+    }
+
+    /// Answers a call that finds no room among the calls in progress.
+    pub(super) fn refuse_held(&self, request: &Message, frame_bytes: usize) {
+        tracing::debug!(topic = %request.msg_type, frame_bytes, "refused a call: the calls in progress hold all they may");
+        let error = answers::overloaded(frame_bytes, HELD_BYTES / TREE_FACTOR);
+        self.respond(request, Self::error_data(request, error));
+    }
+
+    /// An error answer's data: the error, with the request's `name` and
+    /// `toolbox_id` (when short) so the caller can tell what it answers.
+    pub(super) fn error_data(request: &Message, error: String) -> Object {
+        let mut data = Object::new();
+        for key in ["name", "toolbox_id"] {
+            if let Some(Value::String(v)) = request.data.get(key) {
+                if v.len() <= 256 {
+                    data.insert(key.to_owned(), Value::String(v.clone()));
+                }
+            }
+        }
+        data.insert("error".to_owned(), Value::String(error));
+        data
+    }
+}
