@@ -221,6 +221,60 @@ fn new_never_writes_through_a_symlink_or_leaves_half_a_toolbox() {
 }
 
 #[tokio::test]
+async fn a_large_message_relayed_to_many_clients_is_not_copied_for_each() {
+    // A 10 MiB message relayed to 250 clients that did not read held 2.5 GB,
+    // and as much stayed with clients that did read: each connection copied
+    // every frame into a buffer of its own, which kept its largest size.
+    // Frames are now written from the one payload every client shares.
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let dir = TempDir::new("shared-frames");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let mut deaf = Vec::new();
+    let mut readers = Vec::new();
+    for _ in 0..30 {
+        deaf.push(
+            tokio_tungstenite::connect_async(&daemon.url)
+                .await
+                .unwrap()
+                .0,
+        );
+        let (reader, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
+        readers.push(reader);
+    }
+    let before = rss_kib(daemon.pid());
+    let (mut sender, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
+    let big = json!({"type": "noise", "data": {"pad": "x".repeat(8 << 20)}, "context": {}});
+    sender.send(Message::text(big.to_string())).await.unwrap();
+    // Every reader gets it whole.
+    for reader in &mut readers {
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(20), reader.next())
+                .await
+                .expect("the large message within 20 s")
+                .unwrap()
+                .unwrap();
+            if frame.len() > 8 << 20 {
+                break;
+            }
+        }
+    }
+    let after = rss_kib(daemon.pid());
+    // One copy of 8 MiB (and what decoding it took), not 60.
+    assert!(
+        after < before + 64 * 1024,
+        "daemon RSS grew from {before} KiB to {after} KiB"
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    assert_eq!(
+        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
+        2
+    );
+    drop(deaf);
+}
+
+#[tokio::test]
 async fn a_bus_client_that_does_not_read_is_dropped_and_nobody_else() {
     // 400 list requests from a client that never read grew the bus's memory
     // 50,000-fold (its queue was counted in frames); two flooders got the

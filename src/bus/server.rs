@@ -33,6 +33,9 @@ use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::{Message as WsMessage, Utf8Bytes};
 
 use super::MAX_FRAME_BYTES;
+use wire::{Wire, Writer};
+
+mod wire;
 use crate::bus::tcp;
 use crate::shutdown::Shutdown;
 
@@ -223,80 +226,6 @@ struct Registered<'a> {
 impl Drop for Registered<'_> {
     fn drop(&mut self) {
         self.clients.remove(self.id);
-    }
-}
-
-/// A client's socket, counting what it sends of messages not yet complete
-/// against the budget shared by every client ([`PARTIAL_BYTES`]).
-struct Metered {
-    /// The socket.
-    stream: TcpStream,
-    /// Bytes this client sent since its last complete message.
-    unfinished: Arc<AtomicUsize>,
-    /// The sum of `unfinished` over every client.
-    partial: Arc<AtomicUsize>,
-}
-
-impl Metered {
-    /// A message ended: what it took is no longer counted.
-    fn settle(unfinished: &AtomicUsize, partial: &AtomicUsize) {
-        partial.fetch_sub(unfinished.swap(0, Ordering::Relaxed), Ordering::Relaxed);
-    }
-}
-
-impl Drop for Metered {
-    fn drop(&mut self) {
-        Metered::settle(&self.unfinished, &self.partial);
-    }
-}
-
-impl tokio::io::AsyncRead for Metered {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = std::pin::Pin::new(&mut self.stream).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            self.unfinished.fetch_add(n, Ordering::Relaxed);
-            let total = self.partial.fetch_add(n, Ordering::Relaxed) + n;
-            if total > PARTIAL_BYTES {
-                tracing::warn!(
-                    "a bus client's unfinished message would make the unfinished messages of \
-                     every client pass {PARTIAL_BYTES} bytes; disconnecting it"
-                );
-                return std::task::Poll::Ready(Err(std::io::Error::other(format!(
-                    "unfinished messages of every client pass {PARTIAL_BYTES} bytes"
-                ))));
-            }
-        }
-        polled
-    }
-}
-
-impl tokio::io::AsyncWrite for Metered {
-    fn poll_write(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<std::io::Result<usize>> {
-        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -509,12 +438,8 @@ async fn client(
     // Re-armed after every read, so no client waits on a delayed ACK from us
     // (the embedded bus stalls no client, Nagle or not).
     let fd = tcp::Fd(std::os::fd::AsRawFd::as_raw_fd(&stream));
-    let unfinished = Arc::new(AtomicUsize::new(0));
-    let stream = Metered {
-        stream,
-        unfinished: unfinished.clone(),
-        partial: clients.partial.clone(),
-    };
+    let stream = Wire::new(stream, clients.partial.clone());
+    let unfinished = stream.unfinished.clone();
     // The signature is tungstenite's handshake callback; its error type is theirs.
     #[allow(clippy::result_large_err)]
     let check = |request: &Request, response: Response| {
@@ -532,7 +457,7 @@ async fn client(
         // The bus is closing: a handshake never holds it up.
         _ = shutdown.recv() => return,
     };
-    let ws = match handshake {
+    let mut ws = match handshake {
         Ok(Ok(ws)) => ws,
         Ok(Err(e)) => {
             tracing::debug!(%peer, "bus handshake failed: {e}");
@@ -544,7 +469,12 @@ async fn client(
         }
     };
     // The handshake is not a message: an idle client owes nothing.
-    Metered::settle(&unfinished, &clients.partial);
+    Wire::settle(&unfinished, &clients.partial);
+    // From here on the bus writes the socket, tungstenite only reads it.
+    let Some((out, control)) = ws.get_mut().detach() else {
+        return;
+    };
+    let mut writer = Writer::new(out, control);
     let (tx, rx) = mpsc::unbounded_channel();
     let kick = Arc::new(tokio::sync::Notify::new());
     // The greeting, queued first, is counted like any frame.
@@ -563,31 +493,16 @@ async fn client(
         id,
     };
     tracing::debug!(%peer, id, "bus client connected");
-    let (mut sink, mut source) = ws.split();
 
-    // Boxed, so that it can be finished after the select and then dropped
-    // (it holds the sink, which closes the connection after it).
-    let mut writer = Box::pin(async {
-        while let Some(frame) = rx.recv().await {
-            if sink.feed(WsMessage::Text(frame)).await.is_err() {
-                return;
-            }
-            while let Some(more) = rx.try_recv() {
-                if sink.feed(WsMessage::Text(more)).await.is_err() {
-                    return;
-                }
-            }
-            if sink.flush().await.is_err() {
-                return;
-            }
-        }
-        // The queue was taken away: this client was removed as stuck, or
-        // the bus is draining and everything queued is written.
-    });
+    // Boxed, so that it can be finished after the select and then dropped.
+    // It ends when the queue is taken away (this client was removed as
+    // stuck, or the bus is draining and everything queued is written), or
+    // when the socket fails.
+    let mut writing = Box::pin(writer.run(&mut rx));
     let reader = async {
         loop {
             // A client in the middle of a message must finish it in time.
-            let next = source.next();
+            let next = ws.next();
             let frame = if unfinished.load(Ordering::Relaxed) > 0 {
                 match tokio::time::timeout(PARTIAL_TIMEOUT, next).await {
                     Ok(frame) => frame,
@@ -601,7 +516,7 @@ async fn client(
             };
             let Some(frame) = frame else { return };
             tcp::quickack(&fd);
-            Metered::settle(&unfinished, &clients.partial);
+            Wire::settle(&unfinished, &clients.partial);
             match frame {
                 Ok(WsMessage::Text(text)) => clients.broadcast(&text, false).await,
                 Ok(WsMessage::Close(_)) => return,
@@ -614,7 +529,7 @@ async fn client(
         }
     };
     let draining = tokio::select! {
-        _ = &mut writer => false,
+        _ = &mut writing => false,
         _ = reader => false,
         // Removed as stuck: what is queued is dropped with the connection.
         _ = kick.notified() => false,
@@ -628,11 +543,13 @@ async fn client(
         // The bus is closing: what was queued for this client (the daemon's
         // last answers among it) is written first, the frame the writer was
         // in the middle of included.
-        let _ = tokio::time::timeout_at(deadline, &mut writer).await;
+        let _ = tokio::time::timeout_at(deadline, &mut writing).await;
     }
-    drop(writer);
-    // Answers a client's Close (RFC 6455 §5.5.1), or says goodbye.
-    let _ = tokio::time::timeout_at(deadline, sink.close()).await;
+    drop(writing);
+    // Answers a client's Close (RFC 6455 §5.5.1: tungstenite has the reply
+    // ready, the flush hands it to the writer), or says goodbye.
+    let _ = tokio::time::timeout_at(deadline, ws.flush()).await;
+    let _ = tokio::time::timeout_at(deadline, writer.goodbye()).await;
     tracing::debug!(%peer, id, "bus client disconnected");
 }
 
