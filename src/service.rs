@@ -178,8 +178,9 @@ impl Service {
             self.peers.note(frame);
             return;
         }
-        let Some(topic) = route(&topic) else {
-            return self.prewarm(&topic);
+        let name = topic;
+        let Some(topic) = route(&name) else {
+            return self.prewarm(&name);
         };
         if !self.flat
             && matches!(
@@ -188,6 +189,20 @@ impl Service {
             )
         {
             return;
+        }
+        let calls = matches!(
+            topic,
+            Topic::PersonaCall | Topic::Predecessor(_) | Topic::Invoke
+        );
+        // Only a call carries data of any size (its arguments); decoding a
+        // padded list or stop request would only cost the bus's thread.
+        if !calls && frame.len() > refusals::MAX_REQUEST_BYTES {
+            return self.log_malformed(&format_args!(
+                "a {} request of {} bytes (only calls may pass {} bytes)",
+                crate::throttle::cut(&name, 100),
+                frame.len(),
+                refusals::MAX_REQUEST_BYTES
+            ));
         }
         let request = match Message::decode(frame) {
             Ok(request) => request,
@@ -202,10 +217,6 @@ impl Service {
                 return self.refuse_context(topic, request, context);
             }
         }
-        let calls = matches!(
-            topic,
-            Topic::PersonaCall | Topic::Predecessor(_) | Topic::Invoke
-        );
         let held = match calls.then(|| self.held.admit(frame.len())) {
             Some(None) => return self.refuse_held(&request, frame.len()),
             held => held.flatten(),

@@ -560,6 +560,43 @@ async fn calls_padded_past_the_room_calls_share_are_answered_busy_at_once() {
 }
 
 #[tokio::test]
+async fn a_padded_request_that_is_not_a_call_is_dropped_undecoded() {
+    // Four 10 MiB `ovos.tools.list` requests a second kept the daemon's bus
+    // thread busy decoding them (200-330 ms each): other callers waited
+    // 0.6-0.9 s. Only calls carry data of any size.
+    let dir = TempDir::new("padded-list");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let m = common::mark();
+    let padding = vec![0; 1 << 20];
+    bus.send(
+        "ovos.tools.list",
+        json!({"padding": padding}),
+        json!({"mark": m}),
+    )
+    .await;
+    common::wait_until(
+        "the padded request is reported",
+        Duration::from_secs(10),
+        || {
+            !daemon
+                .log_lines_with("a ovos.tools.list request of")
+                .is_empty()
+        },
+    );
+    // Answered in order: by the time this one is, the padded one was not.
+    let answer = bus.request("ovos.tools.list", json!({})).await;
+    let tools = answer["data"]["tools"].as_array();
+    assert!(tools.is_some_and(|t| !t.is_empty()), "{answer}");
+    let answered = bus
+        .marked(&m)
+        .iter()
+        .any(|msg| msg["type"] == "ovos.tools.list.response");
+    assert!(!answered, "the padded request was answered");
+}
+
+#[tokio::test]
 async fn a_slow_pattern_on_a_large_argument_never_stalls_the_daemon() {
     // A lookahead pattern on an 80k-character argument froze the whole daemon
     // for 17 s (validation ran on its only thread). Large arguments are now

@@ -22,6 +22,10 @@ use super::{answers, Message, Object, Service, Topic, Value, MAX_CONTEXT_BYTES};
 /// 1 MiB of arguments.
 pub(super) const HELD_BYTES: usize = 128 * 1024 * 1024;
 
+/// The largest request but a call: twice the largest context an answer
+/// echoes. Larger ones are dropped without being decoded.
+pub(super) const MAX_REQUEST_BYTES: usize = 2 * MAX_CONTEXT_BYTES;
+
 /// A decoded JSON tree's size at most, per byte of its text.
 const TREE_FACTOR: usize = 16;
 
