@@ -528,21 +528,24 @@ async fn client(
             }
         }
     };
-    let draining = tokio::select! {
+    // Whether what is queued for the client is still written.
+    let finish = tokio::select! {
         _ = &mut writing => false,
-        _ = reader => false,
+        // It closed, or broke the protocol: the frame being written, and
+        // what is queued, go out first (a client that reads gets them and
+        // the reply to its close).
+        _ = reader => true,
         // Removed as stuck: what is queued is dropped with the connection.
         _ = kick.notified() => false,
+        // The bus is closing: what was queued for this client (the daemon's
+        // last answers among it) is written first.
         _ = shutdown.recv() => true,
     };
     // Its queue closes: the writer ends once what is queued is written.
     drop(registered);
     // Never waits long on a client that does not read.
     let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
-    if draining {
-        // The bus is closing: what was queued for this client (the daemon's
-        // last answers among it) is written first, the frame the writer was
-        // in the middle of included.
+    if finish {
         let _ = tokio::time::timeout_at(deadline, &mut writing).await;
     }
     drop(writing);

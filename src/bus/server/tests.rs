@@ -103,3 +103,21 @@ fn only_loopback_origins_pass() {
         assert!(!loopback_origin(bad), "{bad}");
     }
 }
+
+#[tokio::test]
+async fn a_client_that_closes_during_a_large_frame_gets_all_of_it_then_the_reply() {
+    let (peer, mut ws, (trigger, _), bus) = bus_with_a_local_peer().await;
+    // 8 MiB: far more than the sockets hold, so the bus is still writing it
+    // when the close arrives (the client reads nothing until then).
+    let large = "x".repeat(8 << 20);
+    peer.send(Utf8Bytes::from(large.clone())).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    ws.close(None).await.unwrap();
+    let frame = ws.next().await.unwrap().unwrap();
+    assert_eq!(frame.len(), large.len(), "the frame whole");
+    let reply = ws.next().await.unwrap().unwrap();
+    assert!(reply.is_close(), "{reply:?}");
+    trigger.trigger();
+    drop(peer);
+    let _ = bus.await;
+}

@@ -37,8 +37,9 @@ const CONTROL_QUEUE: usize = 16;
 /// the shared payload.
 const COPY_MAX: usize = 16 * 1024;
 
-/// The write buffer is dropped after a burst left it larger than this, so
-/// that one large burst does not stay with the connection.
+/// A burst copies frames into the write buffer up to this size (more stays
+/// queued, shared and counted against the client); the buffer is dropped if
+/// it grew larger, so that one large burst does not stay with the connection.
 const KEEP_MAX: usize = 64 * 1024;
 
 /// A close frame, code 1000 (normal closure): the bus's goodbye.
@@ -184,9 +185,10 @@ impl Writer {
     }
 
     /// Writes what `inbox` brings, and tungstenite's control frames, until
-    /// the queue is taken away (the client removed, or the bus draining and
-    /// everything queued written) or the socket fails. Every frame queued
-    /// when a burst starts is written with one system call when small.
+    /// the queue is taken away (the client removed, or the connection ending
+    /// and everything queued written) or the socket fails. The small frames
+    /// queued when a burst starts are written with one system call (up to
+    /// [`KEEP_MAX`] bytes of them).
     pub(super) async fn run(&mut self, inbox: &mut Inbox) -> io::Result<()> {
         loop {
             tokio::select! {
@@ -197,7 +199,10 @@ impl Writer {
                 frame = inbox.recv() => {
                     let Some(frame) = frame else { return Ok(()) };
                     self.frame(frame.as_bytes()).await?;
-                    while let Some(more) = inbox.try_recv() {
+                    // What is left of the burst past KEEP_MAX stays queued,
+                    // shared and counted, not copied here.
+                    while self.buf.len() < KEEP_MAX {
+                        let Some(more) = inbox.try_recv() else { break };
                         self.frame(more.as_bytes()).await?;
                     }
                     self.flush().await?;
