@@ -8,7 +8,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{math_manifest, rss_kib, wait_until, Bus, Daemon, TempDir, BIN};
+use common::{assert_rss_grew_less, math_manifest, rss_kib, wait_until, Bus, Daemon, TempDir, BIN};
 use serde_json::{json, Value};
 
 fn check(dir: &std::path::Path) -> (i32, String) {
@@ -163,10 +163,7 @@ async fn a_web_page_cannot_use_the_embedded_bus() {
         .expect("a loopback origin connects");
     drop(ws);
     let mut bus = Bus::connect(&daemon.url).await;
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
     // A page that retries in a loop is refused each time and logged once a
     // second, with the count of the refusals not logged.
     let started = std::time::Instant::now();
@@ -260,17 +257,10 @@ async fn a_large_message_relayed_to_many_clients_is_not_copied_for_each() {
             }
         }
     }
-    let after = rss_kib(daemon.pid());
     // One copy of 8 MiB (and what decoding it took), not 60.
-    assert!(
-        after < before + 64 * 1024,
-        "daemon RSS grew from {before} KiB to {after} KiB"
-    );
+    assert_rss_grew_less(daemon.pid(), before, 64 * 1024);
     let mut bus = Bus::connect(&daemon.url).await;
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
     drop(deaf);
 }
 
@@ -335,17 +325,10 @@ async fn a_bus_client_that_does_not_read_is_dropped_and_nobody_else() {
         || !bus_end_established(deaf_port),
     );
     let mut bus = Bus::connect(&daemon.url).await;
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
     let dropped = daemon.log_lines_with("bus client is not reading");
     assert_eq!(dropped.len(), 1, "only the deaf client: {dropped:?}");
-    let after = rss_kib(daemon.pid());
-    assert!(
-        after < before + 128 * 1024,
-        "daemon RSS grew from {before} KiB to {after} KiB"
-    );
+    assert_rss_grew_less(daemon.pid(), before, 128 * 1024);
     drop(deaf);
 }
 
@@ -394,16 +377,9 @@ async fn unfinished_messages_and_idle_connections_are_bounded() {
         Duration::from_secs(20),
         || !daemon.log_lines_with("unfinished messages").is_empty(),
     );
-    let after = rss_kib(daemon.pid());
-    assert!(
-        after < before + 96 * 1024,
-        "daemon RSS grew from {before} KiB to {after} KiB"
-    );
+    assert_rss_grew_less(daemon.pid(), before, 96 * 1024);
     let mut bus = Bus::connect(&daemon.url).await;
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
     drop(senders);
     drop(bus);
 
@@ -497,10 +473,7 @@ async fn a_full_wait_queue_answers_busy_at_once_and_others_are_served() {
     }
     assert!(started.elapsed() < Duration::from_secs(10));
     let mut bus = Bus::connect(&daemon.url).await;
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
 }
 
 #[tokio::test]
@@ -528,16 +501,8 @@ async fn calls_padded_past_the_room_calls_share_are_answered_busy_at_once() {
     // Each message (just under 2 MiB) counts 16 times its size of the
     // 128 MiB: four are taken, the next two are answered at once, while the
     // four still run.
-    async fn answer(bus: &mut Bus, m: &str, within: Duration) -> Value {
-        bus.wait_for(within, |msg| {
-            msg["type"] == "ovos.persona.tools.call.response" && msg["context"]["mark"] == m
-        })
-        .await
-        .unwrap_or_else(|| panic!("no answer to {m} within {within:?}"))["data"]
-            .clone()
-    }
     for m in &marks[4..] {
-        let data = answer(&mut attacker, m, Duration::from_secs(2)).await;
+        let data = attacker.persona_answer(m, Duration::from_secs(2)).await;
         let error = data["error"].as_str().unwrap_or_default();
         assert!(
             error.starts_with("RuntimeError: toolboxd is busy"),
@@ -546,14 +511,10 @@ async fn calls_padded_past_the_room_calls_share_are_answered_busy_at_once() {
     }
     assert!(started.elapsed() < Duration::from_secs(3), "not at once");
     for m in &marks[..4] {
-        let data = answer(&mut attacker, m, Duration::from_secs(20)).await;
+        let data = attacker.persona_answer(m, Duration::from_secs(20)).await;
         assert!(data["result"]["pid"].is_u64(), "{data}");
     }
-    let after = rss_kib(daemon.pid());
-    assert!(
-        after < before + 160 * 1024,
-        "daemon RSS grew from {before} KiB to {after} KiB"
-    );
+    assert_rss_grew_less(daemon.pid(), before, 160 * 1024);
     // Their room is given back when they are answered.
     let mut bus = Bus::connect(&daemon.url).await;
     assert!(bus.call("slow", "whoami", json!({})).await["result"]["pid"].is_u64());
@@ -705,10 +666,7 @@ async fn malformed_frames_are_logged_at_most_ten_a_second() {
         .await;
     }
     // Answered after the flood: every malformed frame before it was read.
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
     let seconds = started.elapsed().as_secs() + 1;
     let logged = daemon.log_lines_with("dropped a malformed bus frame");
     assert!(!logged.is_empty());
@@ -757,10 +715,7 @@ async fn ten_thousand_manifests_cost_linear_time() {
     let rows: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(rows.as_array().unwrap().len(), 10_001);
     let mut bus = Bus::connect(&daemon.url).await;
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
     let stopping = std::time::Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(daemon.pid() as i32),

@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{math_manifest, repo, rss_kib, Bus, Daemon, TempDir, BIN};
+use common::{assert_rss_grew_less, math_manifest, repo, rss_kib, Bus, Daemon, TempDir, BIN};
 use serde_json::json;
 
 #[tokio::test]
@@ -42,10 +42,7 @@ async fn a_toolbox_cannot_operate_the_daemon_through_its_control_socket() {
         "the toolbox operated the daemon: {answer}"
     );
     assert_eq!(daemon.status("math")["state"], "ready");
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
     common::wait_until("the refusal is logged", Duration::from_secs(5), || {
         !daemon
             .log_lines_with("control socket: refused a connection")
@@ -118,10 +115,7 @@ async fn a_timed_out_call_keeps_its_slot_and_a_wedged_child_is_restarted() {
         bus.call("faulty", "ok", json!({})).await["result"],
         json!({"ok": true})
     );
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
 }
 
 #[tokio::test]
@@ -154,16 +148,9 @@ async fn a_child_that_floods_requests_and_never_reads_is_cut_off() {
             .contains("the child does not read its stdin"),
         "{row}"
     );
-    let after = rss_kib(daemon.pid());
-    assert!(
-        after < before + 64 * 1024,
-        "daemon RSS grew from {before} KiB to {after} KiB"
-    );
+    assert_rss_grew_less(daemon.pid(), before, 64 * 1024);
     let mut bus = Bus::connect(&daemon.url).await;
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
 }
 
 #[tokio::test]
@@ -373,10 +360,7 @@ async fn a_runaway_tool_listing_is_refused_with_a_reason() {
         rss_kib(daemon.pid())
     );
     let mut bus = Bus::connect(&daemon.url).await;
-    assert_eq!(
-        bus.call("math", "add", json!({"a": 1, "b": 1})).await["result"]["result"],
-        2
-    );
+    bus.assert_math_answers().await;
 }
 
 #[tokio::test]

@@ -27,16 +27,6 @@ async fn slow_call(bus: &mut Bus, session: &str, seconds: f64) -> String {
     m
 }
 
-/// The answer to the request marked `m`.
-async fn answer(bus: &mut Bus, m: &str, within: Duration) -> Value {
-    bus.wait_for(within, |msg| {
-        msg["type"] == "ovos.persona.tools.call.response" && msg["context"]["mark"] == m
-    })
-    .await
-    .unwrap_or_else(|| panic!("no answer to {m} within {within:?}"))["data"]
-        .clone()
-}
-
 #[tokio::test]
 async fn the_global_stop_cancels_its_sessions_calls_and_not_anothers() {
     let dir = TempDir::new("stop");
@@ -53,9 +43,9 @@ async fn the_global_stop_cancels_its_sessions_calls_and_not_anothers() {
     );
     bus.send("mycroft.stop", json!({}), in_session(&mark(), "kitchen"))
         .await;
-    let stopped = answer(&mut bus, &kitchen, Duration::from_secs(4)).await;
+    let stopped = bus.persona_answer(&kitchen, Duration::from_secs(4)).await;
     assert_eq!(stopped["error"], "CancelledError: call cancelled by stop");
-    let served = answer(&mut bus, &bedroom, Duration::from_secs(10)).await;
+    let served = bus.persona_answer(&bedroom, Duration::from_secs(10)).await;
     assert!(served["result"]["pid"].is_u64(), "{served}");
     assert!(
         !daemon.log_lines_with("calls cancelled by stop").is_empty(),
@@ -72,7 +62,7 @@ async fn the_global_stop_cancels_its_sessions_calls_and_not_anothers() {
     );
     bus.send("mycroft.stop", json!({}), json!({})).await;
     for m in [one, two] {
-        let stopped = answer(&mut bus, &m, Duration::from_secs(4)).await;
+        let stopped = bus.persona_answer(&m, Duration::from_secs(4)).await;
         assert_eq!(stopped["error"], "CancelledError: call cancelled by stop");
     }
     // The toolbox serves on.
@@ -98,7 +88,7 @@ async fn the_global_stop_reaches_a_call_still_waiting_for_a_first_start() {
     // the daemon handles the call before the stop that follows it.)
     bus.send("mycroft.stop", json!({}), in_session(&mark(), "kitchen"))
         .await;
-    let stopped = answer(&mut bus, &waiting, Duration::from_secs(4)).await;
+    let stopped = bus.persona_answer(&waiting, Duration::from_secs(4)).await;
     assert_eq!(stopped["error"], "CancelledError: call cancelled by stop");
     drop(daemon);
     bus_process.kill().unwrap();

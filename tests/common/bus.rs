@@ -126,6 +126,23 @@ impl Bus {
 
     /// Every message received so far whose context carries `mark`, any
     /// topic, in arrival order.
+    /// The data of the answer to the persona call marked `m`.
+    pub async fn persona_answer(&mut self, m: &str, within: Duration) -> Value {
+        self.wait_for(within, |msg| {
+            msg["type"] == "ovos.persona.tools.call.response" && msg["context"]["mark"] == m
+        })
+        .await
+        .unwrap_or_else(|| panic!("no answer to {m} within {within:?}"))["data"]
+            .clone()
+    }
+
+    /// Fails the test unless the math example answers `add` (a neighbour
+    /// of whatever a test abuses is still served).
+    pub async fn assert_math_answers(&mut self) {
+        let answer = self.call("math", "add", json!({"a": 1, "b": 1})).await;
+        assert_eq!(answer["result"]["result"], 2, "{answer}");
+    }
+
     pub fn marked(&self, mark: &str) -> Vec<Value> {
         self.inbox
             .iter()

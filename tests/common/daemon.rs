@@ -338,6 +338,16 @@ pub fn pid_of(daemon: &Daemon, id: &str) -> u64 {
     daemon.status(id)["pids"][0].as_u64().unwrap()
 }
 
+/// Fails the test if process `pid`'s resident memory grew by `limit_kib`
+/// or more since `before` ([`rss_kib`]).
+pub fn assert_rss_grew_less(pid: u32, before: u64, limit_kib: u64) {
+    let after = rss_kib(pid);
+    assert!(
+        after < before + limit_kib,
+        "daemon RSS grew from {before} KiB to {after} KiB"
+    );
+}
+
 /// A process's resident memory, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
