@@ -1,5 +1,6 @@
 //! The load generator: closed-loop connections, each with one checked call
-//! in flight; the list round trip and a child's own start.
+//! in flight; the list round trip, a child's own start, and n calls in
+//! flight on one connection.
 
 use super::*;
 
@@ -388,4 +389,77 @@ pub(crate) fn child_startup(command: &str, args: &[&str], cwd: &Path) -> (Durati
     let _ = child.kill();
     let _ = child.wait();
     (took, tools)
+}
+
+/// `n` concurrent `sleep` calls of `ms` on one connection: the time until the
+/// last correct answer, and the failures.
+pub(crate) async fn concurrent(url: &str, n: usize, ms: u64) -> (Option<Duration>, Faults) {
+    let mut faults = Faults::default();
+    let mut ws = match client::connect(url).await {
+        Ok(connection) => connection.ws,
+        Err(e) => {
+            faults.error(format!("connect: {e}"));
+            return (None, faults);
+        }
+    };
+    let started = Instant::now();
+    let mut pending = HashSet::new();
+    for i in 0..n {
+        let mark = format!("conc-{i}");
+        let frame = json!({"type": "ovos.tools.invoke", "data": {"name": "sleep", "args": {"ms": ms}}, "context": {"mark": mark}});
+        if let Err(e) = ws.send(WsMessage::text(frame.to_string())).await {
+            faults.error(format!("{mark}: send: {e}"));
+            return (None, faults);
+        }
+        pending.insert(mark);
+    }
+    let deadline = tokio::time::Instant::from_std(started + DEADLINE);
+    let expected = json!({"slept_ms": ms});
+    while !pending.is_empty() {
+        let frame = match tokio::time::timeout_at(deadline, ws.next()).await {
+            Err(_) => {
+                faults.timeouts += pending.len() as u64;
+                faults.note(format!(
+                    "{} calls unanswered within {DEADLINE:?}",
+                    pending.len()
+                ));
+                break;
+            }
+            Ok(None) => {
+                faults.error("connection closed".into());
+                break;
+            }
+            Ok(Some(Err(e))) => {
+                faults.error(format!("receive: {e}"));
+                break;
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        tcp::quickack(ws.get_ref());
+        let WsMessage::Text(text) = frame else {
+            continue;
+        };
+        if !text.as_str().contains("\"conc-") {
+            continue;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(text.as_str()) else {
+            faults.error("unparseable frame".into());
+            continue;
+        };
+        if v["type"] != "ovos.tools.invoke.response" {
+            continue;
+        }
+        let mark = v["context"]["mark"].as_str().unwrap_or_default();
+        if !pending.remove(mark) {
+            faults.error(format!("unexpected answer marked {mark:?}"));
+        } else if v["data"].get("error").is_some() || v["data"]["result"] != expected {
+            faults.error(format!(
+                "{mark}: answer {}, expected result {expected}",
+                v["data"]
+            ));
+        }
+    }
+    let took = started.elapsed();
+    close(ws).await;
+    (pending.is_empty().then_some(took), faults)
 }
