@@ -204,6 +204,12 @@ impl Service {
                 refusals::MAX_REQUEST_BYTES
             ));
         }
+        // A call takes its room before it is decoded: without room, only
+        // what addresses its refusal is read.
+        let held = match calls.then(|| self.held.admit(frame.len())) {
+            Some(None) => return self.refuse_held(frame),
+            held => held.flatten(),
+        };
         let request = match Message::decode(frame) {
             Ok(request) => request,
             Err(e) => {
@@ -217,10 +223,6 @@ impl Service {
                 return self.refuse_context(topic, request, context);
             }
         }
-        let held = match calls.then(|| self.held.admit(frame.len())) {
-            Some(None) => return self.refuse_held(&request, frame.len()),
-            held => held.flatten(),
-        };
         // A call's deadline counts from here, whatever it waits for later.
         let arrived = Arrival {
             at: Instant::now(),

@@ -9,10 +9,13 @@
 //! takes up to 16 times its text (`[0,0,...]`: 32 bytes a value for 2 bytes
 //! of text). Counted by their frame's size times that, the requests of all
 //! calls in progress share [`HELD_BYTES`]; a call past it is answered busy
-//! at once.
+//! at once. The room is taken before the call is decoded: a call refused is
+//! read only as far as its answer's address.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
+use serde_json::value::RawValue;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{answers, Message, Object, Service, Topic, Value, MAX_CONTEXT_BYTES};
@@ -65,11 +68,54 @@ impl Service {
         self.respond(&request, Self::error_data(&request, error));
     }
 
-    /// Answers a call that finds no room among the calls in progress.
-    pub(super) fn refuse_held(&self, request: &Message, frame_bytes: usize) {
-        tracing::debug!(topic = %request.msg_type, frame_bytes, "refused a call: the calls in progress hold all they may");
-        let error = answers::overloaded(frame_bytes, HELD_BYTES / TREE_FACTOR);
-        self.respond(request, Self::error_data(request, error));
+    /// Answers a call that finds no room among the calls in progress. Only
+    /// what addresses the answer is decoded (the topic, the context, the
+    /// call's name and toolbox): the rest of the message, however large, is
+    /// skipped, not built into a tree.
+    pub(super) fn refuse_held(&self, frame: &str) {
+        #[derive(serde::Deserialize)]
+        struct Addressed<'a> {
+            #[serde(rename = "type", borrow)]
+            msg_type: Cow<'a, str>,
+            #[serde(default, borrow)]
+            data: Names<'a>,
+            #[serde(default, borrow)]
+            context: Option<&'a RawValue>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        struct Names<'a> {
+            #[serde(borrow)]
+            name: Option<Cow<'a, str>>,
+            #[serde(borrow)]
+            toolbox_id: Option<Cow<'a, str>>,
+        }
+        let addressed = match serde_json::from_str::<Addressed>(frame) {
+            Ok(addressed) => addressed,
+            Err(e) => return self.log_malformed(&e),
+        };
+        let mut data = Object::new();
+        for (key, value) in [
+            ("name", addressed.data.name),
+            ("toolbox_id", addressed.data.toolbox_id),
+        ] {
+            if let Some(value) = value {
+                data.insert(key.to_owned(), Value::String(value.into_owned()));
+            }
+        }
+        // A context too large to echo is left out, as a whole.
+        let context = addressed
+            .context
+            .filter(|raw| raw.get().len() <= MAX_CONTEXT_BYTES)
+            .and_then(|raw| serde_json::from_str::<Object>(raw.get()).ok())
+            .unwrap_or_default();
+        let request = Message {
+            msg_type: addressed.msg_type.into_owned(),
+            data,
+            context,
+        };
+        tracing::debug!(topic = %request.msg_type, bytes = frame.len(), "refused a call: the calls in progress hold all they may");
+        let error = answers::overloaded(frame.len(), HELD_BYTES / TREE_FACTOR);
+        self.respond(&request, Self::error_data(&request, error));
     }
 
     /// An error answer's data: the error, with the request's `name` and
