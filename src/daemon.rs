@@ -373,13 +373,14 @@ async fn part_ended(parts: &mut Vec<Part>) -> (&'static str, String) {
     let tasks = parts.iter_mut().map(|part| &mut part.task);
     let (ended, index, _) = futures_util::future::select_all(tasks).await;
     let part = parts.swap_remove(index);
-    (part.name, how_it_ended(ended))
+    (part.name, how_it_ended(ended).1)
 }
 
-/// A finished task's end, in words: its panic's message, if it panicked.
-fn how_it_ended<T>(ended: Result<T, tokio::task::JoinError>) -> String {
+/// A finished task's output, if it returned one, and its end in words (its
+/// panic's message, if it panicked).
+fn how_it_ended<T>(ended: Result<T, tokio::task::JoinError>) -> (Option<T>, String) {
     match ended {
-        Ok(_) => "it returned".to_owned(),
+        Ok(output) => (Some(output), "it returned".to_owned()),
         Err(e) if e.is_panic() => {
             let payload = e.into_panic();
             let message = payload
@@ -387,9 +388,9 @@ fn how_it_ended<T>(ended: Result<T, tokio::task::JoinError>) -> String {
                 .map(|s| s.to_string())
                 .or_else(|| payload.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "no message".to_owned());
-            format!("it panicked: {message}")
+            (None, format!("it panicked: {message}"))
         }
-        Err(e) => e.to_string(),
+        Err(e) => (None, e.to_string()),
     }
 }
 
@@ -578,16 +579,8 @@ async fn serve(
                 break;
             }
             ended = &mut operator => {
-                let how = match ended {
-                    Ok(supervisor) => {
-                        operator_ended = Some(Some(supervisor));
-                        "it returned".to_owned()
-                    }
-                    Err(e) => {
-                        operator_ended = Some(None);
-                        how_it_ended::<()>(Err(e))
-                    }
-                };
+                let (supervisor, how) = how_it_ended(ended);
+                operator_ended = Some(supervisor);
                 failure = Some(part_failed("the operator (which holds the toolboxes)", how));
                 break;
             }

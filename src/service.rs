@@ -102,6 +102,17 @@ enum Topic {
     Stop,
 }
 
+impl Topic {
+    /// A tool call: the only request with data of any size (its arguments),
+    /// held until answered, and the global stop's to cancel.
+    fn is_call(&self) -> bool {
+        matches!(
+            self,
+            Topic::PersonaCall | Topic::Predecessor(_) | Topic::Invoke
+        )
+    }
+}
+
 /// Whether toolboxd answers (or takes) bus messages of `topic` itself: such
 /// a topic never prewarms a toolbox.
 pub fn answers_itself(topic: &str) -> bool {
@@ -190,10 +201,7 @@ impl Service {
         {
             return;
         }
-        let calls = matches!(
-            topic,
-            Topic::PersonaCall | Topic::Predecessor(_) | Topic::Invoke
-        );
+        let calls = topic.is_call();
         // Only a call carries data of any size (its arguments); decoding a
         // padded list or stop request would only cost the bus's thread.
         if !calls && frame.len() > refusals::MAX_REQUEST_BYTES {
@@ -293,11 +301,7 @@ impl Service {
     async fn handle(&self, topic: Topic, request: Message, arrived: Arrival) {
         // A call is the global stop's to cancel from its arrival on: while
         // it waits for a first start, is validated, or runs.
-        let calls = matches!(
-            topic,
-            Topic::PersonaCall | Topic::Predecessor(_) | Topic::Invoke
-        );
-        let (mut cancel, _in_flight) = if calls {
+        let (mut cancel, _in_flight) = if topic.is_call() {
             let (cancel, place) = self.in_flight.register(session_of(&request));
             (cancel, Some(place))
         } else {

@@ -33,11 +33,11 @@ use tokio_tungstenite::tungstenite::http::StatusCode;
 use tokio_tungstenite::tungstenite::{Message as WsMessage, Utf8Bytes};
 
 use super::MAX_FRAME_BYTES;
+use crate::bus::tcp;
+use crate::shutdown::Shutdown;
 use wire::{Wire, Writer};
 
 mod wire;
-use crate::bus::tcp;
-use crate::shutdown::Shutdown;
 
 /// The route clients connect to.
 pub const ROUTE: &str = "/core";
