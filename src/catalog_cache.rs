@@ -9,6 +9,14 @@
 //! argument that names a file (its script). Anything else — a changed
 //! script, an unreadable or corrupt file — is a miss, and the toolbox is
 //! probed again. The file is written whole and renamed into place.
+//!
+//! The cache is trusted only as far as it is the daemon's own: the
+//! directory is made 0700, and used only while it is a directory (not a
+//! link) of the daemon's user that no one else may write; each file is
+//! created new (`O_EXCL | O_NOFOLLOW`, so no link planted at its name is
+//! followed) and read back only while it is a regular file of the daemon's
+//! user that no one else may read or write. A planted or opened-up file is
+//! a miss (the toolbox is probed again), never a tool list.
 
 use std::path::{Path, PathBuf};
 
@@ -34,6 +42,15 @@ pub struct Cached {
 fn path_of(id: &str) -> Option<PathBuf> {
     let root = crate::sandbox::state_root().ok()?;
     Some(root.join(".catalog").join(format!("{id}.json")))
+}
+
+/// Whether `dir` is a directory of the daemon's user that no one else may
+/// write (so what is in it was put there by the daemon).
+fn is_own_dir(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(dir).is_ok_and(|meta| {
+        meta.is_dir() && meta.uid() == nix::unistd::geteuid().as_raw() && meta.mode() & 0o022 == 0
+    })
 }
 
 /// What defines the toolbox's tools, as far as the daemon can tell.
@@ -72,7 +89,21 @@ fn stamp(path: &Path) -> Value {
 /// regular file of bounded size is read (never a FIFO left at the path).
 pub fn load(manifest: &Manifest) -> Option<Cached> {
     let path = path_of(&manifest.id)?;
-    let text = crate::files::read_small_regular(&path, MAX_FILE_BYTES).ok()?;
+    if !is_own_dir(path.parent()?) {
+        return None;
+    }
+    let text = match crate::files::read_own_private(&path, MAX_FILE_BYTES) {
+        Ok(text) => text,
+        Err(crate::files::ReadError::NotFound) => return None,
+        Err(e) => {
+            tracing::warn!(
+                toolbox = %manifest.id,
+                "not using the cached tool list {}: {e}; the toolbox is probed instead",
+                path.display()
+            );
+            return None;
+        }
+    };
     let entry: Value = serde_json::from_str(&text).ok()?;
     if entry.get("key")? != &key(manifest) {
         return None;
@@ -107,18 +138,42 @@ pub fn write(manifest: &Manifest, version: &str, tools: &[ToolSpec]) {
         "tools": tools.iter().map(mcp::tool_definition).collect::<Vec<_>>(),
     });
     let written = (|| -> std::io::Result<()> {
-        let dir = path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
-        let partial = dir.join(format!(".{}.{}.partial", manifest.id, std::process::id()));
-        // The daemon's own: its environment values are in the key.
         use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&partial)?;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let dir = path.parent().unwrap_or(Path::new("."));
+        if let Some(root) = dir.parent() {
+            std::fs::create_dir_all(root)?;
+        }
+        match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        if !is_own_dir(dir) {
+            return Err(std::io::Error::other(
+                "the directory is not the daemon's own (a link, another owner, or writable by \
+                 others); remove it and the daemon makes it again",
+            ));
+        }
+        let partial = dir.join(format!(".{}.{}.partial", manifest.id, std::process::id()));
+        // The daemon's own: its environment values are in the key. Made new,
+        // never through a link at its name: a leftover of this pid's (a
+        // crash) is removed first (unlink removes a link, not its target).
+        let open = || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .mode(0o600)
+                .open(&partial)
+        };
+        let mut file = match open() {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                std::fs::remove_file(&partial)?;
+                open()?
+            }
+            file => file?,
+        };
         file.write_all(entry.to_string().as_bytes())?;
         drop(file);
         std::fs::rename(&partial, &path)

@@ -329,7 +329,7 @@ async fn a_name_two_toolboxes_own_is_an_error_on_the_flat_namespace() {
 
 #[tokio::test]
 async fn invalid_arguments_never_reach_the_child() {
-    let dir = TempDir::new("record");
+    let dir = TempDir::writable("record");
     let record = dir.path().join("received.jsonl");
     dir.write(
         "fixture.toml",

@@ -130,7 +130,7 @@ async fn a_failed_restart_or_start_answers_with_the_childs_stderr_tail() {
 
 #[tokio::test]
 async fn ctl_status_sums_memory_and_cpu_over_the_childs_whole_tree() {
-    let dir = TempDir::new("ctl-tree");
+    let dir = TempDir::writable("ctl-tree");
     let pids = dir.path().join("grandchildren");
     dir.write(
         "faulty.toml",

@@ -14,35 +14,51 @@ use serde_json::json;
 #[tokio::test]
 async fn a_toolbox_cannot_operate_the_daemon_through_its_control_socket() {
     // The pivot: a toolbox finds the control socket and stops its neighbour.
+    // A default toolbox of a root daemon (a user of its own) cannot even
+    // reach the socket's 0700 directory; one that runs as root (`user =
+    // "root"`, or a daemon that is not root) reaches it and is refused by
+    // the peer check, from inside its cgroup.
     let dir = TempDir::new("pivot");
     dir.write("math.toml", &math_manifest("math"));
-    dir.write(
-        "evil.toml",
-        &format!(
-            "id = \"evil\"\ncommand = \"python3\"\nargs = [\"{}\"]\n",
-            repo("tests/fixtures/faulty_toolbox.py")
-        ),
-    );
+    let root = nix::unistd::geteuid().is_root();
+    let mut evil = vec!["evil"];
+    for id in ["evil", "evil_root"] {
+        let extra = if id == "evil_root" && root {
+            "[sandbox]\nuser = \"root\"\n"
+        } else {
+            ""
+        };
+        dir.write(
+            &format!("{id}.toml"),
+            &format!(
+                "id = \"{id}\"\ncommand = \"python3\"\nargs = [\"{}\"]\n{extra}",
+                repo("tests/fixtures/faulty_toolbox.py")
+            ),
+        );
+    }
+    evil.push("evil_root");
     let daemon = Daemon::start(dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
     let line = json!({"jsonrpc": "2.0", "id": 1, "method": "stop", "params": {"id": "math"}});
-    let r = bus
-        .call(
-            "evil",
-            "control",
-            json!({"path": daemon.control.to_str().unwrap(), "line": line.to_string()}),
-        )
-        .await;
-    let answer = r["result"]["answer"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    assert!(
-        !answer.contains("\"result\""),
-        "the toolbox operated the daemon: {answer}"
-    );
-    assert_eq!(daemon.status("math")["state"], "ready");
-    bus.assert_math_answers().await;
+    for id in evil {
+        let r = bus
+            .call(
+                id,
+                "control",
+                json!({"path": daemon.control.to_str().unwrap(), "line": line.to_string()}),
+            )
+            .await;
+        let answer = r["result"]["answer"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            !answer.contains("\"result\""),
+            "{id} operated the daemon: {answer}"
+        );
+        assert_eq!(daemon.status("math")["state"], "ready");
+        bus.assert_math_answers().await;
+    }
     common::wait_until("the refusal is logged", Duration::from_secs(5), || {
         !daemon
             .log_lines_with("control socket: refused a connection")
@@ -55,7 +71,7 @@ async fn a_timed_out_call_keeps_its_slot_and_a_wedged_child_is_restarted() {
     // 300 calls of a 20 s tool with 8 slots once all reached the child: a
     // timed-out call freed its slot while the child still ran it, and the
     // toolbox stayed wedged. Here: 10 calls that never end, 2 slots.
-    let dir = TempDir::new("wedge");
+    let dir = TempDir::writable("wedge");
     let record = dir.path().join("received.jsonl");
     dir.write("math.toml", &math_manifest("math"));
     dir.write(
@@ -367,7 +383,7 @@ async fn a_runaway_tool_listing_is_refused_with_a_reason() {
 async fn a_child_that_always_says_its_tools_changed_is_listed_once_a_second() {
     // A child that sent list_changed while answering tools/list was listed
     // again for ever (40 % of a core).
-    let dir = TempDir::new("changes-while-listed");
+    let dir = TempDir::writable("changes-while-listed");
     let events = dir.path().join("events");
     dir.write(
         "noisy.toml",

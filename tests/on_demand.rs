@@ -282,8 +282,11 @@ async fn new_lazy_toolboxes_start_to_list_their_tools_a_few_at_a_time() {
     // new toolboxes must not run out of descriptors or memory).
     let dir = TempDir::new("lazy-many");
     let state = TempDir::new("lazy-many-state");
-    let notes = TempDir::new("lazy-many-notes");
+    let notes = TempDir::writable("lazy-many-notes");
     let note = notes.path().join("starts");
+    // Each toolbox is a user of its own under a root daemon: all may append.
+    std::fs::write(&note, "").unwrap();
+    std::fs::set_permissions(&note, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
     let fixture = repo("tests/fixtures/fixture_toolbox.py");
     for i in 0..10 {
         dir.write(

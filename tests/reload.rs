@@ -175,7 +175,7 @@ fn pids_of(daemon: &Daemon, id: &str) -> Vec<u64> {
 
 #[test]
 fn ready_is_sent_only_once_a_slow_toolbox_has_finished_starting() {
-    let dir = TempDir::new("slow-ready");
+    let dir = TempDir::writable("slow-ready");
     let note = dir.path().join("serving");
     dir.write("math.toml", &math_manifest("math"));
     dir.write(

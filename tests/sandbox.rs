@@ -284,6 +284,10 @@ async fn landlock_and_seccomp_hold_writes_proc_and_the_network() {
         "closed.toml",
         &inspector("closed", "[sandbox]\nnetwork = \"none\"\n"),
     );
+    dir.write(
+        "full.toml",
+        &inspector("full", "[sandbox]\nnetwork = \"full\"\n"),
+    );
     let daemon = Daemon::start_env(
         &[
             "--manifests",
@@ -314,14 +318,19 @@ async fn landlock_and_seccomp_hold_writes_proc_and_the_network() {
     assert_ne!(seen["write"], "ok", "{seen}");
     assert!(!outside.exists());
     assert_ne!(seen["read"], "ok", "read the daemon's environment: {seen}");
-    assert_eq!(
+    assert_ne!(
         seen["connect"], "ok",
-        "the default network reaches the bus: {seen}"
+        "the default network (internet: ports 80 and 443) reached the bus: {seen}"
     );
     let pid = seen["pid"].as_u64().unwrap();
     assert_eq!(status_field(pid, "Seccomp"), "2");
     assert_eq!(status_field(pid, "NoNewPrivs"), "1");
 
+    let seen = inspect(&mut bus, "full", json!({"connect": port})).await;
+    assert_eq!(
+        seen["connect"], "ok",
+        "network = full reaches the bus: {seen}"
+    );
     let seen = inspect(&mut bus, "closed", json!({"connect": port})).await;
     assert_ne!(
         seen["connect"], "ok",
@@ -362,7 +371,7 @@ fn check_sandbox_says_what_holds_here_and_fails_on_what_cannot() {
         "sandbox math  ok    Landlock: Landlock ABI",
         "sandbox math  ok    seccomp: filter for",
         "sandbox math  ok    tasks_max = 80: cgroup",
-        "sandbox closed  ok    network = \"none\": seccomp refuses IP sockets, Landlock TCP",
+        "sandbox closed  ok    network = none: no IP socket (seccomp), no TCP (Landlock)",
     ] {
         assert!(text.contains(line), "{line}: {text}");
     }

@@ -24,9 +24,11 @@
 //!   glibc leaves its own two out), and the child sets every caught signal
 //!   back to its default before unblocking them, so no handler of the
 //!   daemon's ever runs in it;
-//! - a child that changes its user is forked instead ([`Memory::Copied`]):
-//!   the kernel marks the memory of a process whose credentials change as
-//!   dumpable (per `fs.suid_dumpable`), and shared memory is the daemon's.
+//! - a child that changes its user is forked instead ([`Memory::Copied`])
+//!   unless `fs.suid_dumpable` is 0: the kernel marks the memory of a
+//!   process whose credentials change as dumpable per that setting, and
+//!   shared memory is the daemon's (at 0 it stays undumpable, as the daemon
+//!   keeps it: `child/mod.rs` decides).
 //!
 //! The child is born into its cgroup where it can be (`clone3` with
 //! `CLONE_INTO_CGROUP`, on x86_64, Linux 5.7+): moving a process into a

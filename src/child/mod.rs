@@ -500,9 +500,12 @@ fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
             procs,
         });
     // A child that becomes another user gets a copy of the daemon's memory
-    // (see `exec::Memory::Copied`); every other one borrows it.
+    // (see `exec::Memory::Copied`) unless the change cannot make that
+    // memory dumpable; every other one borrows it.
     let memory = match &sandbox {
-        Some(plan) if plan.changes_user() => exec::Memory::Copied,
+        Some(plan) if plan.changes_user() && !user_change_keeps_memory_private() => {
+            exec::Memory::Copied
+        }
         _ => exec::Memory::Shared,
     };
     let spawned = exec::spawn(&command, &steps(sandbox.as_ref()), memory, target);
@@ -537,6 +540,24 @@ fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
         cgroup,
         kept,
         keeper,
+    })
+}
+
+/// Whether a child that shares the daemon's memory may change its user.
+/// The kernel marks the memory of a process whose credentials change as
+/// dumpable per `fs.suid_dumpable` (`commit_creds`); at 0, the default, that
+/// is "not dumpable", as the daemon keeps itself
+/// ([`crate::sandbox::make_daemon_undumpable`]), so sharing changes nothing.
+/// Any other value, or one that cannot be read: the child gets a copy.
+fn user_change_keeps_memory_private() -> bool {
+    static PRIVATE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PRIVATE.get_or_init(|| {
+        let setting = std::fs::read_to_string("/proc/sys/fs/suid_dumpable");
+        let daemon_undumpable = unsafe {
+            // SAFETY: a plain prctl query of the calling process.
+            libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
+        };
+        daemon_undumpable && setting.is_ok_and(|text| text.trim() == "0")
     })
 }
 

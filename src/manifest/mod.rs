@@ -248,6 +248,7 @@ fn read_manifest(path: &Path) -> Result<String, String> {
         }
         ReadError::NotFound => "cannot read the manifest: it does not exist".to_owned(),
         ReadError::Io(e) => format!("cannot read the manifest: {e}"),
+        e @ ReadError::NotOwn { .. } => format!("cannot read the manifest: {e}"),
     })
 }
 
@@ -597,7 +598,10 @@ pub fn load_dirs(dirs: &[PathBuf]) -> ManifestSet {
 mod sandbox;
 mod start;
 use sandbox::RawSandbox;
-pub use sandbox::{Network, Profile, Sandbox, DEFAULT_ENV_PASS, NEVER_PASSED, SANDBOX_RANGES};
+pub use sandbox::{
+    Network, Profile, Sandbox, SocketKind, DEFAULT_ENV_PASS, DEFAULT_PORTS, NEVER_PASSED,
+    SANDBOX_RANGES,
+};
 pub use start::{Start, StartMode, MAX_IDLE_STOP_S, MAX_PREWARM_TOPICS};
 
 #[cfg(test)]

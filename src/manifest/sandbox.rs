@@ -18,16 +18,48 @@ pub enum Profile {
     Off,
 }
 
-/// What the child's sockets may reach.
+/// What the child's sockets may reach (docs/security.md, "Network").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Network {
-    /// Anything the machine's network allows.
-    #[default]
+    /// Anything the machine's network allows, the bus and every local
+    /// service included.
     Full,
+    /// TCP connections to the `ports` only (80 and 443 by default), on any
+    /// address; no listening. The web's APIs, not the bus nor the local
+    /// services on other ports. The default: what a toolbox that calls a
+    /// web API needs, and no more.
+    #[default]
+    Internet,
     /// Nothing: no IP socket reaches anything, loopback (and so the bus) included.
     None,
 }
+
+impl Network {
+    /// The manifest's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::Full => "full",
+            Network::Internet => "internet",
+            Network::None => "none",
+        }
+    }
+}
+
+/// A kind of socket the standard profile refuses unless the manifest names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SocketKind {
+    /// `AF_NETLINK`: the kernel's address, route and event tables.
+    Netlink,
+    /// `AF_PACKET`: every frame on an interface.
+    Packet,
+    /// `SOCK_RAW` of `AF_INET` and `AF_INET6`: forged packets, raw ICMP.
+    Raw,
+}
+
+/// The TCP ports `network = "internet"` may connect to by default.
+pub const DEFAULT_PORTS: [u16; 2] = [80, 443];
 
 /// The daemon variables a child sees by default.
 pub const DEFAULT_ENV_PASS: [&str; 4] = ["PATH", "LANG", "LC_ALL", "TZ"];
@@ -60,6 +92,14 @@ pub struct Sandbox {
     pub secrets: BTreeMap<String, String>,
     /// What its sockets may reach.
     pub network: Network,
+    /// Whether `network` was written in the manifest: a written level that
+    /// cannot be enforced fails the start; the default one, `internet`, is
+    /// left open on a kernel without Landlock network rules, and reported.
+    pub network_declared: bool,
+    /// The TCP ports `network = "internet"` may connect to.
+    pub ports: Vec<u16>,
+    /// The socket kinds refused by default that it may open.
+    pub sockets: Vec<SocketKind>,
     /// Extra paths it may read.
     pub read_only: Vec<PathBuf>,
     /// Extra paths it may write.
@@ -84,7 +124,10 @@ impl Default for Sandbox {
             group: None,
             env_pass: DEFAULT_ENV_PASS.map(str::to_owned).to_vec(),
             secrets: BTreeMap::new(),
-            network: Network::Full,
+            network: Network::default(),
+            network_declared: false,
+            ports: DEFAULT_PORTS.to_vec(),
+            sockets: Vec::new(),
             read_only: Vec::new(),
             read_write: Vec::new(),
             memory_max_mib: 512,
@@ -106,8 +149,10 @@ pub(super) struct RawSandbox {
     env_pass: Option<Vec<String>>,
     #[serde(default)]
     secrets: BTreeMap<String, String>,
+    network: Option<Network>,
+    ports: Option<Vec<u16>>,
     #[serde(default)]
-    network: Network,
+    sockets: Vec<SocketKind>,
     #[serde(default)]
     read_only: Vec<PathBuf>,
     #[serde(default)]
@@ -123,6 +168,9 @@ pub const SANDBOX_RANGES: [(&str, u64, u64); 3] = [
     ("tasks_max", 0, 100_000),
     ("nofile", 16, 1_048_576),
 ];
+
+/// Most TCP ports `network = "internet"` may name.
+const MAX_PORTS: usize = 64;
 
 /// Whether `name` can be an environment variable's name.
 fn valid_var(name: &str) -> bool {
@@ -180,6 +228,36 @@ impl RawSandbox {
                 }
             }
         }
+        let network = self.network.unwrap_or_default();
+        if let Some(ports) = &self.ports {
+            if network != Network::Internet {
+                return Err((
+                    "ports",
+                    format!(
+                        "ports limit network = \"internet\" only; this toolbox has network = \"{}\"; \
+                         remove ports, or set network = \"internet\"",
+                        network.as_str()
+                    ),
+                ));
+            }
+            if ports.is_empty() || ports.contains(&0) || ports.len() > MAX_PORTS {
+                return Err((
+                    "ports",
+                    format!(
+                        "ports must name 1 to {MAX_PORTS} TCP ports from 1 to 65535 (for no network \
+                         at all, write network = \"none\")"
+                    ),
+                ));
+            }
+        }
+        if !self.sockets.is_empty() && network == Network::None {
+            return Err((
+                "sockets",
+                "names sockets a toolbox with network = \"none\" cannot open (only AF_UNIX); \
+                 remove sockets, or open the network"
+                    .to_owned(),
+            ));
+        }
         if self.user.is_some() || self.group.is_some() {
             let key = if self.user.is_some() { "user" } else { "group" };
             if !nix::unistd::geteuid().is_root() {
@@ -224,7 +302,20 @@ impl RawSandbox {
             group: self.group,
             env_pass,
             secrets: self.secrets,
-            network: self.network,
+            network,
+            network_declared: self.network.is_some(),
+            ports: {
+                let mut ports = self.ports.unwrap_or_else(|| DEFAULT_PORTS.to_vec());
+                ports.sort_unstable();
+                ports.dedup();
+                ports
+            },
+            sockets: {
+                let mut sockets = self.sockets;
+                sockets.sort_unstable();
+                sockets.dedup();
+                sockets
+            },
             read_only: resolve(self.read_only),
             read_write: resolve(self.read_write),
             limits_declared: self.memory_max_mib.is_some() || self.tasks_max.is_some(),

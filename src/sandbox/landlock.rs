@@ -10,9 +10,9 @@
 //!
 //! Rules are best effort across Landlock versions for what the kernel does
 //! not know (an access right the kernel cannot handle is not handled), but
-//! never for what the policy asks for: a kernel without Landlock, or
-//! `network_none` on a kernel without network rules, is an error, and the
-//! caller does not start the child.
+//! never for what the policy asks for: a kernel without Landlock, or a TCP
+//! restriction ([`Tcp`]) on a kernel without network rules, is an error,
+//! and the caller does not start the child.
 //!
 //! What Landlock (up to ABI 7) does not cover, so the policy cannot either:
 //! UDP and other non-TCP sockets, connecting to a pathname unix socket that
@@ -72,6 +72,8 @@ mod uapi {
     pub const CREATE_RULESET_VERSION: u32 = 1 << 0;
     /// `landlock_add_rule` type of a [`super::PathBeneathAttr`].
     pub const RULE_PATH_BENEATH: libc::c_int = 1;
+    /// `landlock_add_rule` type of a [`super::NetPortAttr`] (ABI 4).
+    pub const RULE_NET_PORT: libc::c_int = 2;
 }
 
 /// `struct landlock_ruleset_attr`: what a ruleset handles, that is denies
@@ -97,6 +99,28 @@ struct PathBeneathAttr {
     parent_fd: i32,
 }
 
+/// `struct landlock_net_port_attr`.
+#[repr(C)]
+struct NetPortAttr {
+    /// The rights granted on `port`.
+    allowed_access: u64,
+    /// The TCP port, in host order.
+    port: u64,
+}
+
+/// What a child may do with TCP.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Tcp {
+    /// Anything (`network = "full"`): TCP is not handled.
+    #[default]
+    Open,
+    /// Connect to these ports only (any address), never bind
+    /// (`network = "internet"`): the web's ports, not the bus's.
+    ConnectTo(Vec<u16>),
+    /// Neither bind nor connect (`network = "none"`).
+    Closed,
+}
+
 /// What a child may touch on the filesystem and network.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FsPolicy {
@@ -109,19 +133,19 @@ pub struct FsPolicy {
     /// state directory, its private tmp, the manifest's extra read-write
     /// paths, and the devices of [`system_read_write_paths`].
     pub read_write: Vec<PathBuf>,
-    /// No TCP bind or connect at all, for toolboxes that need no network
-    /// (needs Landlock ABI 4; UDP is not covered by Landlock up to ABI 7).
-    pub network_none: bool,
+    /// What TCP it may use (a restriction needs Landlock ABI 4; UDP is not
+    /// covered by Landlock up to ABI 7).
+    pub tcp: Tcp,
 }
 
 impl FsPolicy {
     /// The standard profile: the system read set and devices, plus `read`
     /// and `read_write`.
-    pub fn standard(read: Vec<PathBuf>, read_write: Vec<PathBuf>, network_none: bool) -> Self {
+    pub fn standard(read: Vec<PathBuf>, read_write: Vec<PathBuf>, tcp: Tcp) -> Self {
         let mut policy = FsPolicy {
             read: system_read_paths(),
             read_write: system_read_write_paths(),
-            network_none,
+            tcp,
         };
         policy.read.extend(read);
         policy.read_write.extend(read_write);
@@ -289,6 +313,8 @@ pub struct Prepared {
     attr: RulesetAttr,
     /// The policy's rules.
     rules: Vec<PathRule>,
+    /// The TCP ports the child may connect to (with TCP handled).
+    ports: Vec<u16>,
     /// The rights the child has over its own `/proc/<pid>`, granted in the
     /// child because only there does `/proc/self` name it: Landlock's
     /// ptrace restriction does not cover every file there (environ, maps
@@ -328,6 +354,9 @@ impl Prepared {
     fn fill(&self, ruleset: RawFd) -> io::Result<()> {
         for rule in &self.rules {
             add_path_rule(ruleset, rule.fd.as_raw_fd(), rule.access)?;
+        }
+        for &port in &self.ports {
+            add_port_rule(ruleset, port)?;
         }
         if self.own_proc != 0 {
             let own = open_path(c"/proc/self")?;
@@ -371,6 +400,29 @@ fn add_path_rule(ruleset: RawFd, fd: RawFd, access: u64) -> io::Result<()> {
             ruleset,
             uapi::RULE_PATH_BENEATH,
             &attr as *const PathBeneathAttr,
+            0 as libc::c_uint,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `landlock_add_rule(ruleset, NET_PORT, {connect, port})`.
+fn add_port_rule(ruleset: RawFd, port: u16) -> io::Result<()> {
+    let attr = NetPortAttr {
+        allowed_access: uapi::NET_CONNECT_TCP,
+        port: u64::from(port),
+    };
+    // SAFETY: attr is a live NetPortAttr on the stack, which the kernel
+    // only reads.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset,
+            uapi::RULE_NET_PORT,
+            &attr as *const NetPortAttr,
             0 as libc::c_uint,
         )
     };
@@ -465,7 +517,7 @@ fn check_support(support: Support, policy: &FsPolicy) -> Result<u32, LandlockErr
         Support::Available { abi } => abi,
         Support::Unavailable(reason) => return Err(LandlockError::Unsupported { reason }),
     };
-    if policy.network_none && !support.network() {
+    if policy.tcp != Tcp::Open && !support.network() {
         return Err(LandlockError::NetworkUnsupported { abi });
     }
     Ok(abi)
@@ -493,10 +545,9 @@ fn handled_fs(abi: u32) -> u64 {
 fn ruleset_attr(abi: u32, policy: &FsPolicy) -> RulesetAttr {
     RulesetAttr {
         handled_access_fs: handled_fs(abi),
-        handled_access_net: if policy.network_none {
-            uapi::NET_BIND_TCP | uapi::NET_CONNECT_TCP
-        } else {
-            0
+        handled_access_net: match policy.tcp {
+            Tcp::Open => 0,
+            Tcp::ConnectTo(_) | Tcp::Closed => uapi::NET_BIND_TCP | uapi::NET_CONNECT_TCP,
         },
         scoped: if abi >= ABI_SCOPING {
             uapi::SCOPE_ABSTRACT_UNIX_SOCKET | uapi::SCOPE_SIGNAL
@@ -532,9 +583,14 @@ pub fn prepare(policy: &FsPolicy) -> Result<Prepared, LandlockError> {
             rules.push(path_rule(path, access & handled)?);
         }
     }
+    let ports = match &policy.tcp {
+        Tcp::ConnectTo(ports) => ports.clone(),
+        Tcp::Open | Tcp::Closed => Vec::new(),
+    };
     let prepared = Prepared {
         attr,
         rules,
+        ports,
         own_proc: OWN_PROC & handled,
         abi,
     };
@@ -555,6 +611,10 @@ impl Prepared {
         for (rule, path) in self.rules.iter().zip(paths) {
             add_path_rule(ruleset.as_raw_fd(), rule.fd.as_raw_fd(), rule.access)
                 .map_err(kernel(format!("rule on {}", path.display())))?;
+        }
+        for &port in &self.ports {
+            add_port_rule(ruleset.as_raw_fd(), port)
+                .map_err(kernel(format!("rule on TCP port {port}")))?;
         }
         let own = open_path(c"/proc/self").map_err(|source| LandlockError::Path {
             path: PathBuf::from("/proc/self"),

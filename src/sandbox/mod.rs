@@ -8,13 +8,16 @@
 //! allow-list (`env_pass`), the manifest's `env` and its `secrets`, never the
 //! daemon's; a state directory and a private tmp of its own; `umask 077`; no
 //! core dumps; its own descriptor limit; no descriptor beyond 0, 1 and 2; no
-//! new privileges; another user when the manifest names one.
+//! new privileges; under a root daemon, a user of its own and no
+//! capabilities (`identity.rs`).
 
+pub mod identity;
 pub mod landlock;
 pub mod limits;
 mod report;
 pub mod seccomp;
 
+pub use identity::Identity;
 pub use report::report;
 
 use std::ffi::OsString;
@@ -22,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use nix::sys::resource::Resource;
 
-use crate::manifest::{Manifest, Network, Profile, Sandbox};
+use crate::manifest::{Manifest, Network, Profile, Sandbox, SocketKind};
 
 /// The variable that tells a child where its state directory is.
 pub const STATE_DIR_VAR: &str = "TOOLBOXD_STATE_DIR";
@@ -59,6 +62,21 @@ pub enum SandboxError {
         key: &'static str,
         name: String,
         why: String,
+    },
+    #[error(
+        "[sandbox] the toolbox's user (uid {uid}) cannot reach {}: {} is mode {mode:04o}, owned \
+         by uid {owner}. A toolbox runs as a user of its own, not as root: install what it runs \
+         where every user may read it (/usr/local, /opt, a directory with o+rx), or name a \
+         user that may reach it (user = ...)",
+        path.display(),
+        blocked.display()
+    )]
+    Unreachable {
+        path: PathBuf,
+        blocked: PathBuf,
+        mode: u32,
+        owner: u32,
+        uid: u32,
     },
 }
 
@@ -107,8 +125,12 @@ pub fn state_root() -> Result<PathBuf, SandboxError> {
 pub struct Plan {
     /// The child's whole environment.
     env: Vec<(OsString, OsString)>,
-    /// The user and group to become, supplementary groups dropped.
-    ids: Option<(libc::uid_t, libc::gid_t)>,
+    /// Who the child runs as.
+    pub identity: Identity,
+    /// The highest capability number, for dropping the bounding set.
+    last_capability: u32,
+    /// Its network level, in words.
+    network: String,
     /// Its `RLIMIT_NOFILE`.
     nofile: libc::rlim_t,
     /// Its state directory (kept across starts), for status and tests.
@@ -132,26 +154,56 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
     if sandbox.profile == Profile::Off {
         return Ok(None);
     }
-    let ids = identity(sandbox)?;
-    let root = state_root()?.join(&manifest.id);
+    let identity = identity::identity(&manifest.id, sandbox)?;
+    if identity == Identity::Root {
+        tracing::warn!(
+            toolbox = %manifest.id,
+            "user = \"root\": the child runs as root with the daemon's capabilities; it can \
+             change any file's owner and mode, read every secret on the device and signal any \
+             process. Give it a user of its own unless it must be root"
+        );
+    }
+    let ids = identity.ids();
+    let state_root = state_root()?;
+    let root = state_root.join(&manifest.id);
     let state_dir = root.join("state");
     // One per child: instances (and another daemon's child of the same id)
     // never share, nor empty, each other's.
     static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp_dir = root.join("tmp").join(format!("{}-{n}", std::process::id()));
+    if let Some((uid, gid)) = ids {
+        // Before make_dir gives the directory itself to the child's user.
+        identity::hand_over(&state_dir, uid, gid).map_err(|source| SandboxError::Dir {
+            path: state_dir.clone(),
+            source,
+        })?;
+    }
     make_dir(&state_dir, ids, false)?;
     make_dir(&tmp_dir, ids, true)?;
-    if ids.is_some() {
-        // Another user must pass through the directories above its own.
+    if let Some((uid, gid)) = ids {
+        // Another user must pass through the directories above its own,
+        // which only the daemon may write.
         use std::os::unix::fs::PermissionsExt;
-        for dir in [root.clone(), root.join("tmp")] {
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
-                .map_err(|source| SandboxError::Dir { path: dir, source })?;
+        for dir in [state_root.clone(), root.clone(), root.join("tmp")] {
+            let fail = |source| SandboxError::Dir {
+                path: dir.clone(),
+                source,
+            };
+            let mode = std::fs::metadata(&dir).map_err(fail)?.permissions().mode();
+            let wanted = (mode | 0o711) & 0o755;
+            if mode & 0o7777 != wanted {
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(wanted))
+                    .map_err(fail)?;
+            }
+        }
+        reachable(manifest, uid, gid)?;
+        for why in identity::unwritable(uid, gid, &sandbox.read_write) {
+            tracing::warn!(toolbox = %manifest.id, "{why}");
         }
     }
     let env = environment(manifest, &state_dir, &tmp_dir)?;
-    let network_none = sandbox.network == Network::None;
+    let (tcp, sockets) = network(sandbox);
     let mut read_write = vec![state_dir.clone(), tmp_dir.clone()];
     // Shared memory, where OVOS libraries keep their locks (documented in
     // docs/security.md as shared between toolboxes).
@@ -162,13 +214,15 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
             .filter(|p| p.exists()),
     );
     read_write.extend(sandbox.read_write.iter().cloned());
-    let policy = landlock::FsPolicy::standard(own_read_paths(manifest), read_write, network_none);
+    let policy = landlock::FsPolicy::standard(own_read_paths(manifest), read_write, tcp);
     let landlock = landlock::prepare(&policy)?;
-    let seccomp = seccomp::prepare(network_none)?;
+    let seccomp = seccomp::prepare(sockets)?;
     let limits = limits::set_up(&manifest.id, v2_cgroup, sandbox)?;
     Ok(Some(Plan {
         env,
-        ids,
+        identity,
+        last_capability: identity::last_capability(),
+        network: network_words(sandbox).1,
         nofile: sandbox.nofile as libc::rlim_t,
         state_dir,
         tmp_dir,
@@ -176,6 +230,77 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
         landlock,
         seccomp,
     }))
+}
+
+/// Whether `uid`/`gid` may run the toolbox's program in its working
+/// directory and read the scripts its arguments name.
+fn reachable(manifest: &Manifest, uid: u32, gid: u32) -> Result<(), SandboxError> {
+    let mut needed = vec![(manifest.program.as_path(), true), (&manifest.cwd, true)];
+    let scripts: Vec<PathBuf> = manifest
+        .args
+        .iter()
+        .map(|arg| manifest.cwd.join(arg))
+        .filter(|path| path.is_file())
+        .collect();
+    needed.extend(scripts.iter().map(|path| (path.as_path(), false)));
+    identity::check_reachable(uid, gid, &needed)
+}
+
+/// What the child's TCP and sockets may do, from its `network`, `ports`
+/// and `sockets`.
+fn network(sandbox: &Sandbox) -> (landlock::Tcp, seccomp::Sockets) {
+    let has = |kind| sandbox.sockets.contains(&kind);
+    let ip = seccomp::Sockets::Ip {
+        netlink: has(SocketKind::Netlink),
+        packet: has(SocketKind::Packet),
+        raw: has(SocketKind::Raw),
+    };
+    match sandbox.network {
+        Network::Full => (landlock::Tcp::Open, ip),
+        // The default level on a kernel that cannot hold it: open, and
+        // said so ([`network_words`]); a written one fails the start.
+        Network::Internet if !sandbox.network_declared && !landlock::support().network() => {
+            (landlock::Tcp::Open, ip)
+        }
+        Network::Internet => (landlock::Tcp::ConnectTo(sandbox.ports.clone()), ip),
+        Network::None => (landlock::Tcp::Closed, seccomp::Sockets::UnixOnly),
+    }
+}
+
+/// What the child's network is, in words, for logs, status and `check
+/// --sandbox`: the level, and whether it holds here.
+pub(crate) fn network_words(sandbox: &Sandbox) -> (bool, String) {
+    let level = sandbox.network.as_str();
+    let lock = landlock::support();
+    match sandbox.network {
+        Network::Full => (
+            true,
+            "network = full: every address, the bus and local services included".to_owned(),
+        ),
+        Network::Internet if !lock.network() => (
+            !sandbox.network_declared,
+            format!(
+                "network = {level}{}: not enforced ({lock}); the child may reach every address",
+                if sandbox.network_declared {
+                    ""
+                } else {
+                    " (default)"
+                },
+            ),
+        ),
+        Network::Internet => (
+            true,
+            format!(
+                "network = {level}: TCP to ports {} only, no listening (Landlock; UDP is not \
+                 governed)",
+                report::ports(&sandbox.ports)
+            ),
+        ),
+        Network::None => (
+            lock.network() && seccomp::support().arch().is_ok(),
+            format!("network = {level}: no IP socket (seccomp), no TCP (Landlock)"),
+        ),
+    }
 }
 
 /// Where processes share memory and locks (`/run/shm` is a link to
@@ -251,42 +376,6 @@ fn shebang(program: &Path) -> Option<PathBuf> {
 
 fn canonical(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned())
-}
-
-/// The uid and gid the child runs as, when the manifest names a user or group.
-fn identity(sandbox: &Sandbox) -> Result<Option<(libc::uid_t, libc::gid_t)>, SandboxError> {
-    let user = match &sandbox.user {
-        Some(name) => Some(
-            nix::unistd::User::from_name(name)
-                .map_err(|e| e.to_string())
-                .and_then(|u| u.ok_or_else(|| "no such user".to_owned()))
-                .map_err(|why| SandboxError::Identity {
-                    key: "user",
-                    name: name.clone(),
-                    why,
-                })?,
-        ),
-        None => None,
-    };
-    let group = match &sandbox.group {
-        Some(name) => Some(
-            nix::unistd::Group::from_name(name)
-                .map_err(|e| e.to_string())
-                .and_then(|g| g.ok_or_else(|| "no such group".to_owned()))
-                .map_err(|why| SandboxError::Identity {
-                    key: "group",
-                    name: name.clone(),
-                    why,
-                })?
-                .gid,
-        ),
-        None => None,
-    };
-    Ok(match (user, group) {
-        (None, None) => None,
-        (Some(user), group) => Some((user.uid.as_raw(), group.unwrap_or(user.gid).as_raw())),
-        (None, Some(group)) => Some((nix::unistd::geteuid().as_raw(), group.as_raw())),
-    })
 }
 
 /// Makes `dir` (mode 0700, owned by the child's user); `fresh` empties it first.
@@ -385,9 +474,9 @@ impl Plan {
         self.limits.in_child_cgroup
     }
 
-    /// Whether the child becomes another user (`user` in the manifest).
+    /// Whether the child becomes another user.
     pub fn changes_user(&self) -> bool {
-        self.ids.is_some()
+        self.identity.ids().is_some()
     }
 
     /// The child's whole environment (nothing of the daemon's).
@@ -429,13 +518,18 @@ impl Plan {
             // that does not change its user shares the daemon's
             // (child/exec.rs); one that does gets a copy, but keep the
             // calls that are safe in both.
-            if let Some((uid, gid)) = self.ids {
+            if let Some((uid, gid)) = self.identity.ids() {
+                // The bounding set first, while CAP_SETPCAP is still held;
+                // the change of user empties the effective and permitted
+                // sets, not the inheritable one: emptied after.
+                identity::drop_bounding_set(self.last_capability)?;
                 if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
                     || libc::syscall(libc::SYS_setgid, gid) != 0
                     || libc::syscall(libc::SYS_setuid, uid) != 0
                 {
                     return Err(std::io::Error::last_os_error());
                 }
+                identity::drop_capabilities()?;
             }
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -466,6 +560,8 @@ impl Plan {
     /// What confines the child, in words (for logs and status).
     pub fn summary(&self) -> Vec<String> {
         let mut what = vec![
+            self.identity.words(),
+            self.network.clone(),
             format!("Landlock ABI {}", self.landlock.abi()),
             format!("seccomp ({} calls refused)", self.seccomp.refused().len()),
         ];

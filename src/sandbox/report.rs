@@ -2,7 +2,7 @@
 //! this machine, and what not, without starting anything.
 
 use super::{landlock, limits, seccomp};
-use crate::manifest::{Manifest, Network, Profile};
+use crate::manifest::{Manifest, Profile};
 
 /// One line per mechanism, and whether the sandbox can be set up as
 /// declared (if not, the toolbox would fail to start, and `check` exits 1).
@@ -46,12 +46,8 @@ pub fn report(manifest: &Manifest) -> (Vec<String>, bool) {
         Ok(arch) => say(true, format!("seccomp: filter for {arch}")),
         Err(why) => say(false, format!("seccomp: {why}")),
     }
-    if sandbox.network == Network::None {
-        say(
-            lock.network() && filter.arch().is_ok(),
-            "network = \"none\": seccomp refuses IP sockets, Landlock TCP".to_owned(),
-        );
-    }
+    let (holds, words) = super::network_words(sandbox);
+    say(holds, words);
     for (key, value, controller) in [
         ("tasks_max", sandbox.tasks_max, "pids"),
         ("memory_max_mib", sandbox.memory_max_mib, "memory"),
@@ -71,8 +67,20 @@ pub fn report(manifest: &Manifest) -> (Vec<String>, bool) {
             ),
         }
     }
-    if let Some(user) = &sandbox.user {
-        say(true, format!("runs as user {user}"));
+    match super::identity::identity(&manifest.id, sandbox) {
+        Ok(identity) => {
+            say(true, identity.words());
+            if let Some((uid, gid)) = identity.ids() {
+                match super::reachable(manifest, uid, gid) {
+                    Ok(()) => say(true, "its user can reach its program and files".to_owned()),
+                    Err(e) => say(false, e.to_string()),
+                }
+                for why in super::identity::unwritable(uid, gid, &sandbox.read_write) {
+                    say(true, format!("warning: {why}"));
+                }
+            }
+        }
+        Err(e) => say(false, e.to_string()),
     }
     say(
         true,
@@ -82,6 +90,12 @@ pub fn report(manifest: &Manifest) -> (Vec<String>, bool) {
         ),
     );
     (lines, ok)
+}
+
+/// Ports as a manifest lists them: `80 443`.
+pub(crate) fn ports(ports: &[u16]) -> String {
+    let words: Vec<String> = ports.iter().map(u16::to_string).collect();
+    words.join(" ")
 }
 
 fn state_dir(manifest: &Manifest) -> String {

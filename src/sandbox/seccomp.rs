@@ -35,7 +35,16 @@
 //! | `personality` other than `PER_LINUX` or a query | `ADDR_NO_RANDOMIZE` turns address randomization off for what it runs |
 //! | `ioctl` `TIOCSTI`, `TIOCLINUX` | type into, or paste on, a terminal the toolbox shares |
 //! | x32 ABI calls (x86_64, `EPERM`) | the same calls under other numbers, past every rule above |
-//! | `socket` but `AF_UNIX`, with `network_none` | no network: `AF_INET`, `AF_INET6`, `AF_PACKET`, `AF_NETLINK` and the rest |
+//! | `prlimit64` on any pid but 0 (the caller) | sets or reads another process's limits: a `RLIMIT_CPU` of one second kills the daemon by `SIGXCPU` when they share a user |
+//! | `setpriority`, `ioprio_set` on anything but the caller (`who` 0, not a whole user) | another process's (the daemon's) CPU and I/O priority |
+//! | `sched_setscheduler`, `sched_setparam`, `sched_setattr` on any pid but 0 | another process's scheduling class |
+//! | `fanotify_init` | permission events hang every `open()` of the watched files, the daemon's included |
+//! | SysV IPC (`shmget`, `shmat`, `shmdt`, `shmctl`, `semget`, `semop`, `semtimedop`, `semctl`, `msgget`, `msgsnd`, `msgrcv`, `msgctl`) | the machine's shared IPC namespace: other users' segments and queues |
+//! | `sethostname`, `setdomainname` | the host's names |
+//! | `syslog` | the kernel's log (addresses, other services' messages) |
+//! | `adjtimex`, `clock_adjtime` | the host's clock discipline |
+//! | `socket` with `AF_PACKET`, `AF_NETLINK`, or `SOCK_RAW` of `AF_INET`/`AF_INET6`, unless the manifest's `sockets` names it | every frame on the wire, forged packets, the kernel's routing and address tables |
+//! | `socket` but `AF_UNIX`, with `network = "none"` | no network: `AF_INET`, `AF_INET6`, `AF_PACKET`, `AF_NETLINK` and the rest |
 //!
 //! Decisions:
 //!
@@ -47,17 +56,28 @@
 //!   allowed unless its flags (the low 32 bits of its first argument, all
 //!   the kernel reads) ask for a namespace; `CLONE_NEWTIME` cannot be asked
 //!   through `clone`.
-//! - With `network_none`, `AF_NETLINK` is refused too: it is no network
-//!   traffic, but it is a wide kernel interface and what reads addresses and
-//!   routes. glibc's `getaddrinfo` copes (without netlink it assumes IPv4 and
-//!   IPv6 are both configured); `getifaddrs`, `if_nameindex` and Python's
-//!   `socket.if_nameindex()` fail with `EPERM`. `socketpair` is left alone:
-//!   the kernel makes pairs of `AF_UNIX` sockets only.
-//! - Time: setting the clock (`settimeofday`, `clock_settime`) is refused;
-//!   `adjtimex` and `clock_adjtime` are allowed, since their read-only form
-//!   (glibc's `ntp_gettime`, `timedatectl`'s synchronized check) cannot be
-//!   told from the setting one by a filter, and setting needs
-//!   `CAP_SYS_TIME`, which a toolbox should not have.
+//! - `AF_NETLINK` is refused unless the manifest asks for it (`sockets =
+//!   ["netlink"]`): it is no network traffic, but it is a wide kernel
+//!   interface and what reads addresses and routes. glibc's `getaddrinfo`
+//!   copes (without netlink it assumes IPv4 and IPv6 are both configured);
+//!   `getifaddrs`, `if_nameindex`, Python's `socket.if_nameindex()` and
+//!   Node's `os.networkInterfaces()` fail with `EPERM`. `socketpair` is
+//!   left alone: the kernel makes pairs of `AF_UNIX` sockets only. Ping
+//!   sockets (`SOCK_DGRAM` with `IPPROTO_ICMP`, as `ping` uses without
+//!   privileges) are not raw and stay allowed.
+//! - Time: setting the clock (`settimeofday`, `clock_settime`) is refused,
+//!   and so are `adjtimex` and `clock_adjtime`, whose read-only form
+//!   (glibc's `ntp_gettime`) a filter cannot tell from the setting one (the
+//!   mode is in memory): a tool that only reads the time never needs them.
+//! - Other processes: `prlimit64`, `sched_set*` and `setpriority` /
+//!   `ioprio_set` are allowed on the caller only (pid or `who` 0, which is
+//!   what libc's `setrlimit`, `getrlimit`, `nice` and `sched_setscheduler(0,
+//!   ...)` pass). A toolbox that names its own pid, or a thread's tid, gets
+//!   `EPERM` as well; a filter cannot know the pids of a toolbox's tree.
+//!   Where the daemon runs as root every toolbox has a user of its own and
+//!   the kernel refuses these calls on others anyway; where it does not,
+//!   the toolboxes share the daemon's user and this filter is what stops
+//!   them.
 //! - `personality` is allowed for `PER_LINUX` (0) and the query
 //!   (`0xffffffff`) only.
 //! - `socketcall` (one entry point for all socket calls) does not exist on
@@ -224,23 +244,48 @@ impl Prepared {
     }
 }
 
+/// Which sockets a child may open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sockets {
+    /// `AF_UNIX` only (`network = "none"`).
+    UnixOnly,
+    /// IP sockets too; of the kinds refused by default, those named here.
+    Ip {
+        /// `AF_NETLINK` (addresses, routes, the kernel's events).
+        netlink: bool,
+        /// `AF_PACKET` (every frame on an interface).
+        packet: bool,
+        /// `SOCK_RAW` of `AF_INET` and `AF_INET6` (forged packets).
+        raw: bool,
+    },
+}
+
+impl Sockets {
+    /// IP sockets, none of the refused-by-default kinds.
+    pub const IP: Sockets = Sockets::Ip {
+        netlink: false,
+        packet: false,
+        raw: false,
+    };
+}
+
 /// Compiles the filter for this architecture: the table in the module doc,
-/// with `socket` for every family but `AF_UNIX` refused if `network_none`.
-/// Fails with [`SeccompError::Unsupported`] where [`support`] says so: the
-/// caller fails the child's start rather than run it unconfined.
-pub fn prepare(network_none: bool) -> Result<Prepared, SeccompError> {
+/// with `socket` refused as `sockets` says. Fails with
+/// [`SeccompError::Unsupported`] where [`support`] says so: the caller fails
+/// the child's start rather than run it unconfined.
+pub fn prepare(sockets: Sockets) -> Result<Prepared, SeccompError> {
     support().arch()?;
-    build::prepared(network_none)
+    build::prepared(sockets)
 }
 
 /// Where there is no filter for the architecture, there is nothing to build
 /// ([`support`] has said so already).
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 mod build {
-    use super::{Prepared, SeccompError, Unsupported};
+    use super::{Prepared, SeccompError, Sockets, Unsupported};
 
     /// Always [`Unsupported::Arch`].
-    pub(super) fn prepared(_network_none: bool) -> Result<Prepared, SeccompError> {
+    pub(super) fn prepared(_sockets: Sockets) -> Result<Prepared, SeccompError> {
         Err(Unsupported::Arch(std::env::consts::ARCH).into())
     }
 }
@@ -256,11 +301,11 @@ mod build {
         SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
     };
 
-    use super::{target_arch, Prepared, SeccompError, Unsupported};
+    use super::{target_arch, Prepared, SeccompError, Sockets, Unsupported};
 
     /// Compiles [`refusals`] into one program (see [`chain`]).
-    pub(super) fn prepared(network_none: bool) -> Result<Prepared, SeccompError> {
-        let (programs, refused) = programs(network_none)?;
+    pub(super) fn prepared(sockets: Sockets) -> Result<Prepared, SeccompError> {
+        let (programs, refused) = programs(sockets)?;
         Ok(Prepared {
             program: chain(programs),
             refused,
@@ -270,13 +315,13 @@ mod build {
     /// Compiles [`refusals`] into one program per errno, then the x32 guard
     /// on x86_64, last; returns them with the names of what is refused.
     pub(super) fn programs(
-        network_none: bool,
+        sockets: Sockets,
     ) -> Result<(Vec<seccompiler::BpfProgram>, Vec<&'static str>), SeccompError> {
         let arch = target_arch().ok_or(Unsupported::Arch(std::env::consts::ARCH))?;
         let mut refused = Vec::new();
         let mut by_errno: BTreeMap<i32, BTreeMap<i64, Vec<SeccompRule>>> = BTreeMap::new();
         let mut numbers = std::collections::BTreeSet::new();
-        for refusal in refusals(network_none)? {
+        for refusal in refusals(sockets)? {
             refused.push(refusal.shown);
             // One refusal per syscall, whatever its errno: `chain` needs no
             // call refused by two programs.
@@ -375,6 +420,9 @@ mod build {
         libc::CLONE_NEWNET,
     ];
 
+    /// `IOPRIO_WHO_USER` (linux/ioprio.h): every process of a user.
+    const IOPRIO_WHO_USER: u64 = 3;
+
     /// `personality(PER_LINUX)`: the plain Linux personality.
     const PER_LINUX: u64 = 0;
 
@@ -394,7 +442,7 @@ mod build {
     }
 
     /// The table of the module doc, for this architecture.
-    pub(super) fn refusals(network_none: bool) -> Result<Vec<Refusal>, SeccompError> {
+    pub(super) fn refusals(sockets: Sockets) -> Result<Vec<Refusal>, SeccompError> {
         let all = |shown: &'static str, nr: libc::c_long| Refusal {
             shown,
             nr,
@@ -440,7 +488,71 @@ mod build {
             all("clock_settime", libc::SYS_clock_settime),
             all("setns", libc::SYS_setns),
             all("unshare", libc::SYS_unshare),
+            all("fanotify_init", libc::SYS_fanotify_init),
+            all("shmget", libc::SYS_shmget),
+            all("shmat", libc::SYS_shmat),
+            all("shmdt", libc::SYS_shmdt),
+            all("shmctl", libc::SYS_shmctl),
+            all("semget", libc::SYS_semget),
+            all("semop", libc::SYS_semop),
+            all("semtimedop", libc::SYS_semtimedop),
+            all("semctl", libc::SYS_semctl),
+            all("msgget", libc::SYS_msgget),
+            all("msgsnd", libc::SYS_msgsnd),
+            all("msgrcv", libc::SYS_msgrcv),
+            all("msgctl", libc::SYS_msgctl),
+            all("sethostname", libc::SYS_sethostname),
+            all("setdomainname", libc::SYS_setdomainname),
+            all("syslog", libc::SYS_syslog),
+            all("adjtimex", libc::SYS_adjtimex),
+            all("clock_adjtime", libc::SYS_clock_adjtime),
         ];
+        // On another process: any pid but 0 (the caller).
+        let not_self = |index| -> Result<Vec<SeccompRule>, SeccompError> {
+            Ok(vec![SeccompRule::new(vec![arg(
+                index,
+                SeccompCmpOp::Ne,
+                0,
+            )?])?])
+        };
+        table.push(Refusal {
+            rules: not_self(0)?,
+            ..all("prlimit64(pid but 0)", libc::SYS_prlimit64)
+        });
+        for (shown, nr) in [
+            (
+                "sched_setscheduler(pid but 0)",
+                libc::SYS_sched_setscheduler,
+            ),
+            ("sched_setparam(pid but 0)", libc::SYS_sched_setparam),
+            ("sched_setattr(pid but 0)", libc::SYS_sched_setattr),
+        ] {
+            table.push(Refusal {
+                rules: not_self(0)?,
+                ..all(shown, nr)
+            });
+        }
+        // `which, who`: refused when `who` is not 0 (the caller, its group)
+        // or `which` is a whole user (every process of the daemon's user).
+        for (shown, nr, user) in [
+            (
+                "setpriority(who but 0, PRIO_USER)",
+                libc::SYS_setpriority,
+                libc::PRIO_USER as u64,
+            ),
+            (
+                "ioprio_set(who but 0, IOPRIO_WHO_USER)",
+                libc::SYS_ioprio_set,
+                IOPRIO_WHO_USER,
+            ),
+        ] {
+            let mut rules = not_self(1)?;
+            rules.push(SeccompRule::new(vec![arg(0, SeccompCmpOp::Eq, user)?])?);
+            table.push(Refusal {
+                rules,
+                ..all(shown, nr)
+            });
+        }
         #[cfg(target_arch = "x86_64")]
         table.extend([all("iopl", libc::SYS_iopl), all("ioperm", libc::SYS_ioperm)]);
 
@@ -486,15 +598,47 @@ mod build {
             rules: ioctls,
             ..all("ioctl(TIOCSTI, TIOCLINUX)", libc::SYS_ioctl)
         });
-        if network_none {
-            table.push(Refusal {
+        match sockets {
+            Sockets::UnixOnly => table.push(Refusal {
                 rules: vec![SeccompRule::new(vec![arg(
                     0,
                     SeccompCmpOp::Ne,
                     libc::AF_UNIX as u64,
                 )?])?],
                 ..all("socket(but AF_UNIX)", libc::SYS_socket)
-            });
+            }),
+            Sockets::Ip {
+                netlink,
+                packet,
+                raw,
+            } => {
+                let family = |f: libc::c_int| arg(0, SeccompCmpOp::Eq, f as u64);
+                let mut rules = Vec::new();
+                if !netlink {
+                    rules.push(SeccompRule::new(vec![family(libc::AF_NETLINK)?])?);
+                }
+                if !packet {
+                    rules.push(SeccompRule::new(vec![family(libc::AF_PACKET)?])?);
+                }
+                if !raw {
+                    // The type's low bits; SOCK_CLOEXEC and SOCK_NONBLOCK
+                    // ride above them.
+                    let raw_type = arg(1, SeccompCmpOp::MaskedEq(0xf), libc::SOCK_RAW as u64)?;
+                    for f in [libc::AF_INET, libc::AF_INET6] {
+                        rules.push(SeccompRule::new(vec![family(f)?, raw_type.clone()])?);
+                    }
+                }
+                let shown = match (netlink, packet, raw) {
+                    (false, false, false) => "socket(AF_NETLINK, AF_PACKET, SOCK_RAW)",
+                    _ => "socket(the kinds the manifest's `sockets` does not name)",
+                };
+                if !rules.is_empty() {
+                    table.push(Refusal {
+                        rules,
+                        ..all(shown, libc::SYS_socket)
+                    });
+                }
+            }
         }
         Ok(table)
     }

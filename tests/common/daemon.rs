@@ -53,7 +53,21 @@ impl Daemon {
     /// message starts with it); the bus URL is the `--bus` or the one "ready"
     /// names.
     pub fn start_until(args: &[&str], env: &[(&str, &str)], message: &str) -> Daemon {
+        Daemon::start_as(None, args, env, message)
+    }
+
+    /// [`Daemon::start_until`], the daemon running as `user` (uid, gid) when
+    /// given: a daemon that is not root. Its control directory is that user's.
+    pub fn start_as(
+        user: Option<(u32, u32)>,
+        args: &[&str],
+        env: &[(&str, &str)],
+        message: &str,
+    ) -> Daemon {
         let control_dir = TempDir::new("ctl");
+        if let Some((uid, gid)) = user {
+            std::os::unix::fs::chown(control_dir.path(), Some(uid), Some(gid)).unwrap();
+        }
         let given = args
             .iter()
             .position(|a| *a == "--control")
@@ -66,7 +80,7 @@ impl Daemon {
             None => &["--control", &control_arg],
             Some(_) => &[],
         };
-        let (mut child, logs, rx) = run_logged(extra, args, env);
+        let (mut child, logs, rx) = run_logged(extra, args, env, user);
         let mut url = None;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -250,7 +264,7 @@ pub struct Starting {
 
 impl Starting {
     pub fn spawn(args: &[&str], env: &[(&str, &str)], control: &Path) -> Starting {
-        let (child, logs, lines) = run_logged(&[], args, env);
+        let (child, logs, lines) = run_logged(&[], args, env, None);
         Starting {
             child: Some(child),
             control: control.to_owned(),
@@ -366,12 +380,19 @@ fn run_logged(
     extra: &[&str],
     args: &[&str],
     env: &[(&str, &str)],
+    user: Option<(u32, u32)>,
 ) -> (
     Child,
     Arc<Mutex<Vec<String>>>,
     std::sync::mpsc::Receiver<(Instant, String)>,
 ) {
-    let mut child = Command::new(BIN)
+    let mut command = Command::new(BIN);
+    if let Some((uid, gid)) = user {
+        use std::os::unix::process::CommandExt;
+        // std drops the supplementary groups when root sets a uid.
+        command.uid(uid).gid(gid);
+    }
+    let mut child = command
         .args(["--log-format", "json", "run"])
         .args(extra)
         .args(args)

@@ -49,6 +49,16 @@ impl TempDir {
         TempDir(dir)
     }
 
+    /// A directory the tests' toolboxes may write in (`read_write`): under a
+    /// root daemon each runs as a user of its own, which a root-owned 0755
+    /// directory would refuse.
+    pub fn writable(tag: &str) -> TempDir {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = TempDir::new(tag);
+        std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+        dir
+    }
+
     pub fn path(&self) -> &Path {
         &self.0
     }

@@ -15,7 +15,7 @@ pub struct Setup {
 
 impl Setup {
     pub fn new(tag: &str, fault: &str, extra: &str) -> Setup {
-        let dir = TempDir::new(tag);
+        let dir = TempDir::writable(tag);
         let mark = format!("toolboxd-fixture-{tag}-{}", std::process::id());
         let record = dir.path().join("received.jsonl");
         dir.write("math.toml", &math_manifest("math"));

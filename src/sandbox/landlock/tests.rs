@@ -116,7 +116,7 @@ fn assert_denied(output: &Output) {
 }
 
 fn standard() -> FsPolicy {
-    FsPolicy::standard(Vec::new(), Vec::new(), false)
+    FsPolicy::standard(Vec::new(), Vec::new(), Tcp::Open)
 }
 
 fn path_str(path: &Path) -> &str {
@@ -290,7 +290,10 @@ fn network_none_denies_tcp() {
     assert_ok(&open);
     assert_eq!(text(&open.stdout), "connected\nbound\n");
 
-    let closed = python_connect(&FsPolicy::standard(Vec::new(), Vec::new(), true), port);
+    let closed = python_connect(
+        &FsPolicy::standard(Vec::new(), Vec::new(), Tcp::Closed),
+        port,
+    );
     assert!(!closed.status.success());
     assert!(
         text(&closed.stderr).contains("PermissionError"),
@@ -298,6 +301,31 @@ fn network_none_denies_tcp() {
         text(&closed.stderr)
     );
     assert_eq!(text(&closed.stdout), "");
+}
+
+#[test]
+fn internet_connects_only_to_the_named_ports_and_never_binds() {
+    if !require(support().network(), "network rules (ABI 4)") {
+        return;
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let policy = |ports| FsPolicy::standard(Vec::new(), Vec::new(), Tcp::ConnectTo(ports));
+
+    let named = python_connect(&policy(vec![443, port]), port);
+    assert!(!named.status.success(), "the bind is refused");
+    assert_eq!(text(&named.stdout), "connected\n");
+    assert!(text(&named.stderr).contains("PermissionError"));
+
+    // The bus's port is not among the web's.
+    let other = python_connect(&policy(vec![80, 443]), port);
+    assert!(!other.status.success());
+    assert_eq!(text(&other.stdout), "");
+    assert!(
+        text(&other.stderr).contains("PermissionError"),
+        "{}",
+        text(&other.stderr)
+    );
 }
 
 #[test]
@@ -392,7 +420,7 @@ fn a_missing_path_fails_the_prepare() {
 fn what_the_kernel_lacks_fails_closed() {
     let none = FsPolicy::default();
     let offline = FsPolicy {
-        network_none: true,
+        tcp: Tcp::Closed,
         ..FsPolicy::default()
     };
     let absent = Support::Unavailable(Unavailable::NotInKernel);
@@ -415,7 +443,7 @@ fn what_the_kernel_lacks_fails_closed() {
 fn handled_rights_follow_the_abi() {
     let open = FsPolicy::default();
     let offline = FsPolicy {
-        network_none: true,
+        tcp: Tcp::Closed,
         ..FsPolicy::default()
     };
     let v1 = ruleset_attr(1, &open);

@@ -89,7 +89,51 @@ def thread():
     t.join()
     assert ran == [1]
 
+def on_other(f):
+    # `f(pid)` on another process of the same user: a sleeping child.
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        return f(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+
+def prlimit(pid):
+    old = (ctypes.c_ulonglong * 2)()
+    return c(libc.prlimit(pid, 7, None, old))  # RLIMIT_NOFILE, read only
+
+def shm():
+    r = libc.shmget(0, 4096, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    if r >= 0:
+        libc.shmctl(r, 0, None)  # IPC_RMID
+    return c(r)
+
+def same_hostname():
+    name = socket.gethostname().encode()
+    return c(libc.sethostname(name, len(name)))
+
+def adjtimex():
+    timex = (ctypes.c_char * 256)()  # modes 0: read only
+    return c(libc.adjtimex(timex))
+
 checks = {
+    "prlimit_other": lambda: on_other(prlimit),
+    "prlimit_self": lambda: prlimit(0),
+    "setpriority_other": lambda: on_other(lambda pid: c(libc.setpriority(0, pid, 5))),
+    "setpriority_user": lambda: c(libc.setpriority(2, 0, 0)),
+    "setpriority_self": lambda: c(libc.setpriority(0, 0, 1)),
+    "sched_other": lambda: on_other(
+        lambda pid: py(lambda: os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0)))),
+    "sched_self": lambda: py(lambda: os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))),
+    "fanotify": lambda: c(libc.fanotify_init(0, 0)),
+    "shmget": shm,
+    "sethostname": same_hostname,
+    "syslog": lambda: c(libc.klogctl(10, None, 0)),  # SYSLOG_ACTION_SIZE_BUFFER
+    "adjtimex": adjtimex,
+    "packet": lambda: py(lambda: socket.socket(17, socket.SOCK_RAW, 0).close()),
+    "raw": lambda: py(lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, 1).close()),
+    "raw_cloexec": lambda: py(lambda: socket.socket(
+        socket.AF_INET6, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 58).close()),
     "ptrace": traceme,
     "unshare": unshare_user,
     "mount": lambda: c(libc.mount(b"none", b"/nonexistent-toolboxd-test", b"tmpfs", 0, None)),
@@ -152,7 +196,7 @@ fn this_machine_has_filters() {
 
 #[test]
 fn the_child_runs_in_filter_mode_without_new_privileges() {
-    let filter = prepare(false).expect("prepare");
+    let filter = prepare(Sockets::IP).expect("prepare");
     let status = run(Some(&filter), "/bin/sh", &["-c", "cat /proc/self/status"]);
     assert!(status.contains("Seccomp:\t2\n"), "{status}");
     // One filter more than this process has (the kernel counts them since
@@ -174,7 +218,7 @@ fn the_child_runs_in_filter_mode_without_new_privileges() {
 
 #[test]
 fn refused_calls_fail_with_eperm_and_clone3_with_enosys() {
-    let filter = prepare(false).expect("prepare");
+    let filter = prepare(Sockets::IP).expect("prepare");
     // unshare last: in the control run below it succeeds, and in a new
     // user namespace without mappings the calls after it would fail anyway.
     let mut refused = vec!["ptrace", "mount", "clone_user", "personality", "tiocsti"];
@@ -207,7 +251,7 @@ fn refused_calls_fail_with_eperm_and_clone3_with_enosys() {
 
 #[test]
 fn network_none_leaves_only_unix_sockets() {
-    let filter = prepare(true).expect("prepare");
+    let filter = prepare(Sockets::UnixOnly).expect("prepare");
     let results = run_checks(
         Some(&filter),
         &["inet", "inet6", "netlink", "unix_pair", "subprocess"],
@@ -217,18 +261,70 @@ fn network_none_leaves_only_unix_sockets() {
 }
 
 #[test]
-fn without_network_none_sockets_are_allowed() {
-    let filter = prepare(false).expect("prepare");
-    let results = run_checks(Some(&filter), &["inet", "inet6", "netlink", "unix_pair"]);
-    expect(&results, &["inet", "netlink", "unix_pair"], "ok");
+fn with_the_network_ip_sockets_are_allowed_but_not_packet_raw_or_netlink() {
+    let filter = prepare(Sockets::IP).expect("prepare");
+    let kernel = ["netlink", "packet", "raw", "raw_cloexec"];
+    let mut checks = vec!["inet", "inet6", "unix_pair"];
+    checks.extend(kernel);
+    let results = run_checks(Some(&filter), &checks);
+    expect(&results, &["inet", "unix_pair"], "ok");
+    expect(&results, &kernel, "EPERM");
     // IPv6 may be disabled on the machine, but not by the filter.
     assert_ne!(results.get("inet6").map(String::as_str), Some("EPERM"));
+    // What the manifest names (`sockets`) is allowed again.
+    let asked = Sockets::Ip {
+        netlink: true,
+        packet: false,
+        raw: true,
+    };
+    let results = run_checks(Some(&prepare(asked).expect("prepare")), &kernel);
+    expect(&results, &["netlink"], "ok");
+    expect(&results, &["packet"], "EPERM");
+    if is_root() {
+        expect(&results, &["raw", "raw_cloexec"], "ok");
+    }
+}
+
+#[test]
+fn other_processes_limits_priorities_and_the_hosts_knobs_are_refused() {
+    let filter = prepare(Sockets::IP).expect("prepare");
+    let refused = [
+        "prlimit_other",
+        "setpriority_other",
+        "setpriority_user",
+        "sched_other",
+        "fanotify",
+        "shmget",
+        "sethostname",
+        "syslog",
+        "adjtimex",
+    ];
+    let own = ["prlimit_self", "setpriority_self", "sched_self"];
+    let mut checks = refused.to_vec();
+    checks.extend(own);
+    let results = run_checks(Some(&filter), &checks);
+    expect(&results, &refused, "EPERM");
+    expect(&results, &own, "ok");
+    // Unconfined, the same calls work (as root): the refusals are the
+    // filter's. sethostname is not tried unconfined.
+    let control = [
+        "prlimit_other",
+        "setpriority_other",
+        "sched_other",
+        "shmget",
+        "adjtimex",
+    ];
+    expect(&run_checks(None, &control), &control, "ok");
+    if is_root() {
+        let as_root = ["fanotify", "syslog", "packet", "raw"];
+        expect(&run_checks(None, &as_root), &as_root, "ok");
+    }
 }
 
 #[test]
 fn processes_and_threads_still_start() {
-    for network_none in [false, true] {
-        let filter = prepare(network_none).expect("prepare");
+    for sockets in [Sockets::IP, Sockets::UnixOnly] {
+        let filter = prepare(sockets).expect("prepare");
         let results = run_checks(Some(&filter), &["subprocess", "thread"]);
         expect(&results, &["subprocess", "thread"], "ok");
         let shell = run(
@@ -242,8 +338,8 @@ fn processes_and_threads_still_start() {
 
 #[test]
 fn the_report_lists_what_is_refused() {
-    let open = prepare(false).expect("prepare");
-    let closed = prepare(true).expect("prepare");
+    let open = prepare(Sockets::IP).expect("prepare");
+    let closed = prepare(Sockets::UnixOnly).expect("prepare");
     for name in [
         "ptrace",
         "unshare",
@@ -253,9 +349,11 @@ fn the_report_lists_what_is_refused() {
         assert!(open.refused().contains(&name), "{name}");
     }
     assert!(open.refused().iter().any(|name| name.starts_with("clone3")));
-    assert!(!open.refused().iter().any(|name| name.starts_with("socket")));
+    assert!(open
+        .refused()
+        .contains(&"socket(AF_NETLINK, AF_PACKET, SOCK_RAW)"));
     assert!(closed.refused().contains(&"socket(but AF_UNIX)"));
-    assert_eq!(closed.refused().len(), open.refused().len() + 1);
+    assert_eq!(closed.refused().len(), open.refused().len());
     let mut names = closed.refused().to_vec();
     names.sort_unstable();
     names.dedup();
@@ -372,8 +470,13 @@ fn the_chained_program_decides_as_its_programs_installed_one_by_one() {
         ]
         .map(|f| f as u32),
     );
-    for network_none in [false, true] {
-        let (programs, _) = super::build::programs(network_none).expect("programs");
+    let open = Sockets::Ip {
+        netlink: true,
+        packet: true,
+        raw: true,
+    };
+    for sockets in [Sockets::IP, Sockets::UnixOnly, open] {
+        let (programs, _) = super::build::programs(sockets).expect("programs");
         let chained = super::build::chain(programs.clone());
         let mut checked = 0;
         for arch in [native, foreign] {

@@ -1,0 +1,419 @@
+//! Who a toolbox's child runs as (docs/security.md, "Users").
+//!
+//! A daemon running as root never hands a toolbox uid 0: every toolbox gets
+//! an unprivileged user and group of its own, as systemd's `DynamicUser=`
+//! does, with no supplementary groups and every capability set empty; its
+//! state directory is owned by that user. `user = NAME` picks a named
+//! account instead; `user = "root"` is the one, loudly logged, way to keep
+//! root (and its capabilities). A daemon that is not root cannot change
+//! users: its toolboxes run as its own user, which status reports.
+//!
+//! Allocated ids come from [`DYNAMIC_FIRST`]..[`DYNAMIC_FIRST`] +
+//! [`DYNAMIC_COUNT`], outside the ranges systemd and distributions use
+//! (system users below 1000, people 1000-60000, systemd's `DynamicUser`
+//! 61184-65519, containers from 524288, its foreign range 2147352576 on).
+//! A toolbox id always maps to the same uid (FNV-1a of the id): files it
+//! leaves in its state directory stay its own across restarts of the daemon.
+//! A uid that the system's user database knows, or that another toolbox of
+//! this daemon holds, is passed over for the next one.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use super::SandboxError;
+use crate::manifest::Sandbox;
+
+/// The first uid (and gid) allocated to a toolbox.
+pub const DYNAMIC_FIRST: u32 = 2_130_706_432; // 0x7F00_0000
+/// How many uids the allocation range holds.
+pub const DYNAMIC_COUNT: u32 = 65_536;
+
+/// Who the child runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// The daemon's own user: a daemon that is not root cannot change it,
+    /// so every toolbox shares it (status says so).
+    Daemon {
+        /// The daemon's uid.
+        uid: u32,
+    },
+    /// A user and group of its own, every capability dropped.
+    Own {
+        /// Its uid.
+        uid: u32,
+        /// Its gid.
+        gid: u32,
+        /// The manifest's `user` when it named one; `None` when allocated.
+        named: Option<String>,
+    },
+    /// root with the daemon's capabilities: the manifest's `user = "root"`.
+    Root,
+}
+
+impl Identity {
+    /// The uid and gid to change to, when the child changes its user.
+    pub fn ids(&self) -> Option<(u32, u32)> {
+        match self {
+            Identity::Own { uid, gid, .. } => Some((*uid, *gid)),
+            Identity::Daemon { .. } | Identity::Root => None,
+        }
+    }
+
+    /// In words, for logs, status and `check --sandbox`.
+    pub fn words(&self) -> String {
+        match self {
+            Identity::Daemon { uid } => format!(
+                "uid {uid} (the daemon's own user, shared with every toolbox: the daemon is not \
+                 root); capabilities: none"
+            ),
+            Identity::Own {
+                uid,
+                gid,
+                named: Some(name),
+            } => format!(
+                "uid {uid} gid {gid} (user {name}), no supplementary groups; capabilities: none"
+            ),
+            Identity::Own {
+                uid,
+                gid,
+                named: None,
+            } => format!(
+                "uid {uid} gid {gid} (allocated for this toolbox), no supplementary groups; \
+                 capabilities: none"
+            ),
+            Identity::Root => {
+                "uid 0 (user = \"root\"): root with the daemon's capabilities".to_owned()
+            }
+        }
+    }
+}
+
+/// Who the child of toolbox `id` runs as, given its `[sandbox]`.
+pub fn identity(id: &str, sandbox: &Sandbox) -> Result<Identity, SandboxError> {
+    let daemon = nix::unistd::geteuid();
+    if !daemon.is_root() {
+        // `user` and `group` are refused at load for a daemon that is not
+        // root (manifest/sandbox.rs).
+        return Ok(Identity::Daemon {
+            uid: daemon.as_raw(),
+        });
+    }
+    if sandbox.user.as_deref() == Some("root") {
+        return Ok(Identity::Root);
+    }
+    let named = match &sandbox.user {
+        Some(name) => Some(lookup_user(name)?),
+        None => None,
+    };
+    let group = match &sandbox.group {
+        Some(name) => Some(lookup_group(name)?),
+        None => None,
+    };
+    Ok(match named {
+        Some(user) => Identity::Own {
+            uid: user.uid.as_raw(),
+            gid: group.unwrap_or(user.gid.as_raw()),
+            named: Some(user.name),
+        },
+        None => {
+            let uid = allocate(id);
+            Identity::Own {
+                uid,
+                gid: group.unwrap_or(uid),
+                named: None,
+            }
+        }
+    })
+}
+
+fn lookup_user(name: &str) -> Result<nix::unistd::User, SandboxError> {
+    nix::unistd::User::from_name(name)
+        .map_err(|e| e.to_string())
+        .and_then(|u| u.ok_or_else(|| "no such user".to_owned()))
+        .map_err(|why| SandboxError::Identity {
+            key: "user",
+            name: name.to_owned(),
+            why,
+        })
+}
+
+fn lookup_group(name: &str) -> Result<u32, SandboxError> {
+    nix::unistd::Group::from_name(name)
+        .map_err(|e| e.to_string())
+        .and_then(|g| g.ok_or_else(|| "no such group".to_owned()))
+        .map(|g| g.gid.as_raw())
+        .map_err(|why| SandboxError::Identity {
+            key: "group",
+            name: name.to_owned(),
+            why,
+        })
+}
+
+/// The uid toolbox `id` gets: its hash's place in the range, or the next
+/// one that neither the user database nor another toolbox holds.
+fn allocate(id: &str) -> u32 {
+    static HELD: OnceLock<Mutex<HashMap<u32, String>>> = OnceLock::new();
+    let held = HELD.get_or_init(Default::default);
+    // A poisoned lock only means a panic elsewhere while it was held; the
+    // map itself is whole (every insert is one call).
+    let mut held = held.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((&uid, _)) = held.iter().find(|(_, owner)| owner.as_str() == id) {
+        return uid;
+    }
+    let start = fnv1a(id.as_bytes()) % DYNAMIC_COUNT;
+    for step in 0..DYNAMIC_COUNT {
+        let uid = DYNAMIC_FIRST + (start + step) % DYNAMIC_COUNT;
+        if held.contains_key(&uid) || known_to_the_system(uid) {
+            continue;
+        }
+        held.insert(uid, id.to_owned());
+        return uid;
+    }
+    // 65,536 toolboxes in one daemon: the manifests' bound is far below.
+    DYNAMIC_FIRST + start
+}
+
+/// Whether the user or group database has `uid` (as a uid or a gid).
+fn known_to_the_system(uid: u32) -> bool {
+    use nix::unistd::{Gid, Group, Uid, User};
+    matches!(User::from_uid(Uid::from_raw(uid)), Ok(Some(_)))
+        || matches!(Group::from_gid(Gid::from_raw(uid)), Ok(Some(_)))
+}
+
+/// 32-bit FNV-1a: a stable hash (std's are randomised per process).
+fn fnv1a(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |hash, &b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The highest capability number this kernel knows, read once (for
+/// dropping the bounding set in the child, which cannot read files).
+pub fn last_capability() -> u32 {
+    static LAST: OnceLock<u32> = OnceLock::new();
+    *LAST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            // CAP_CHECKPOINT_RESTORE, the last of Linux 5.9 to 6.18.
+            .unwrap_or(40)
+    })
+}
+
+/// Drops every capability from the bounding set (the calling process must
+/// still hold `CAP_SETPCAP`: before its change of user). Only system calls.
+pub fn drop_bounding_set(last: u32) -> std::io::Result<()> {
+    for cap in 0..=last {
+        // SAFETY: a plain prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) } != 0 {
+            let e = std::io::Error::last_os_error();
+            // EINVAL: a number this kernel does not have.
+            if e.raw_os_error() != Some(libc::EINVAL) {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Empties the effective, permitted, inheritable and ambient sets (after the
+/// change of user, which empties the first two but not the inheritable set).
+/// Only system calls.
+pub fn drop_capabilities() -> std::io::Result<()> {
+    /// `_LINUX_CAPABILITY_VERSION_3`.
+    const VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let none = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset reads a header and two data structs that live on this
+    // stack; the prctl takes integers only.
+    unsafe {
+        if libc::syscall(libc::SYS_capset, &header, none.as_ptr()) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let clear = libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong;
+        if libc::prctl(libc::PR_CAP_AMBIENT, clear, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `uid`/`gid` (with no supplementary groups) may reach what
+/// the child needs before it starts: search every directory above each of
+/// `paths` and the path itself (`execute` for the program, read for the
+/// rest), so that a toolbox installed under a private home fails its start
+/// naming the directory that stops it, not with the runtime's own words.
+pub fn check_reachable(uid: u32, gid: u32, paths: &[(&Path, bool)]) -> Result<(), SandboxError> {
+    use std::os::unix::fs::MetadataExt;
+    for &(path, execute) in paths {
+        let mut dirs: Vec<PathBuf> = path.ancestors().skip(1).map(Path::to_path_buf).collect();
+        dirs.reverse();
+        for dir in dirs.iter().filter(|d| !d.as_os_str().is_empty()) {
+            let Ok(meta) = std::fs::metadata(dir) else {
+                continue; // what does not exist is for the start to report
+            };
+            if !allows(uid, gid, meta.uid(), meta.gid(), meta.mode(), 0o1) {
+                return Err(SandboxError::Unreachable {
+                    path: path.to_owned(),
+                    blocked: dir.clone(),
+                    mode: meta.mode() & 0o7777,
+                    owner: meta.uid(),
+                    uid,
+                });
+            }
+        }
+        let Ok(meta) = std::fs::metadata(path) else {
+            continue;
+        };
+        let need = if meta.is_dir() || execute { 0o1 } else { 0o4 };
+        if !allows(uid, gid, meta.uid(), meta.gid(), meta.mode(), need) {
+            return Err(SandboxError::Unreachable {
+                path: path.to_owned(),
+                blocked: path.to_owned(),
+                mode: meta.mode() & 0o7777,
+                owner: meta.uid(),
+                uid,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The `read_write` paths of a toolbox that `uid`/`gid` may not write
+/// (a file, or a directory to create in), in words: Landlock allows them,
+/// their owner and mode do not.
+pub fn unwritable(uid: u32, gid: u32, paths: &[PathBuf]) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    paths
+        .iter()
+        .filter_map(|path| {
+            let meta = std::fs::metadata(path).ok()?;
+            let need = if meta.is_dir() { 0o3 } else { 0o2 };
+            (!allows(uid, gid, meta.uid(), meta.gid(), meta.mode(), need)).then(|| {
+                format!(
+                    "read_write {}: the toolbox's user (uid {uid}) cannot write it (mode {:04o}, \
+                     owner uid {}); give it to that user (chown {uid} {}) or to a group the \
+                     manifest names",
+                    path.display(),
+                    meta.mode() & 0o7777,
+                    meta.uid(),
+                    path.display()
+                )
+            })
+        })
+        .collect()
+}
+
+/// Whether the permission bits `need` (of `0o7`) are granted to
+/// `uid`/`gid` on a file of `owner`/`group` with `mode`.
+fn allows(uid: u32, gid: u32, owner: u32, group: u32, mode: u32, need: u32) -> bool {
+    let bits = if uid == owner {
+        mode >> 6
+    } else if gid == group {
+        mode >> 3
+    } else {
+        mode
+    };
+    bits & need == need
+}
+
+/// Gives the state directory `dir` (and what the toolbox left in it) to
+/// `uid`/`gid` when another owner has it: after an upgrade from a daemon
+/// that ran toolboxes as root, or a change of `user`. Links are changed
+/// themselves, never followed; a file with other hard links is left alone
+/// (it may be a file outside, linked in by an earlier owner).
+pub fn hand_over(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = match std::fs::symlink_metadata(dir) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let previous = meta.uid();
+    if previous == uid {
+        return Ok(());
+    }
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.uid() != previous || (meta.is_file() && meta.nlink() > 1) {
+            continue;
+        }
+        std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_id_maps_to_the_same_uid_in_the_range_and_ids_do_not_share() {
+        let a = allocate("identity-test-a");
+        assert_eq!(allocate("identity-test-a"), a);
+        assert!((DYNAMIC_FIRST..DYNAMIC_FIRST + DYNAMIC_COUNT).contains(&a));
+        // The hash alone places it (nothing in this range is a system user).
+        assert_eq!(a, DYNAMIC_FIRST + fnv1a(b"identity-test-a") % DYNAMIC_COUNT);
+        let b = allocate("identity-test-b");
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn permission_bits_are_read_as_the_kernel_does_for_a_user_without_groups() {
+        // Owner, group and other triplets.
+        assert!(allows(5, 5, 5, 0, 0o700, 0o1));
+        assert!(!allows(6, 6, 5, 0, 0o770, 0o1));
+        assert!(allows(6, 6, 5, 6, 0o710, 0o1));
+        assert!(allows(6, 6, 0, 0, 0o755, 0o4));
+        assert!(!allows(6, 6, 0, 0, 0o750, 0o4));
+        // The owner's bits decide for the owner, even when "other" has more.
+        assert!(!allows(5, 5, 5, 0, 0o007, 0o4));
+    }
+
+    #[test]
+    fn a_private_directory_above_the_program_is_named() {
+        let dir = std::env::temp_dir().join(format!("toolboxd-reach-{}", std::process::id()));
+        let inner = dir.join("inner");
+        std::fs::create_dir_all(&inner).unwrap();
+        let program = inner.join("tool");
+        std::fs::write(&program, "#!/bin/sh\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let stranger = DYNAMIC_FIRST + 7;
+        check_reachable(stranger, stranger, &[(&program, true)]).unwrap();
+        std::fs::set_permissions(&inner, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let err = check_reachable(stranger, stranger, &[(&program, true)]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(&inner.display().to_string()), "{text}");
+        assert!(text.contains("0700"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
