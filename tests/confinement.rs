@@ -105,6 +105,8 @@ async fn a_default_toolbox_of_a_root_daemon_is_no_root_and_cannot_touch_roots_fi
         ("syslog", String::new()),
         ("packet", String::new()),
         ("raw", String::new()),
+        // Every toolbox's pids are listed there.
+        ("list", "/sys/fs/cgroup".to_owned()),
     ];
     let seen = attack(&mut bus, "box", &attacks).await;
     for (kind, target) in &attacks {
@@ -263,4 +265,92 @@ async fn a_toolbox_of_a_daemon_that_is_not_root_cannot_set_the_daemons_limits_or
             .contains("shared with every toolbox"),
         "{row}"
     );
+}
+
+#[tokio::test]
+async fn a_default_toolbox_of_a_root_daemon_has_its_own_tmp_and_shm_and_sees_no_sockets_under_run()
+{
+    if !is_root() {
+        eprintln!("skipped: only a root daemon makes a private view");
+        return;
+    }
+    // World-connectable sockets where services keep theirs: one the
+    // manifest names (bound back into its view), one it does not.
+    let tag = format!("toolboxd-test-{}", std::process::id());
+    let run = std::path::PathBuf::from(format!("/run/{tag}"));
+    std::fs::create_dir_all(&run).unwrap();
+    let socket = |name: &str| {
+        let path = run.join(name);
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        (path, listener)
+    };
+    let (hidden, hidden_listener) = socket("service.sock");
+    let (named, named_listener) = socket("named.sock");
+    let dir = TempDir::new("confinement-view");
+    dir.write(
+        "box.toml",
+        &attacker(
+            "box",
+            &format!(
+                "[sandbox]\nmemory_max_mib = 64\nread_write = [\"{}\"]\n",
+                named.display()
+            ),
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let shm = format!("/dev/shm/{tag}");
+    let tmp = format!("/tmp/{tag}");
+    let attacks = [
+        ("shm_fill", shm.clone()),
+        ("shm_fill", tmp.clone()),
+        ("unix_connect", hidden.display().to_string()),
+        ("unix_connect", named.display().to_string()),
+        ("list", "/run".to_owned()),
+    ];
+    let seen = attack(&mut bus, "box", &attacks).await;
+    assert_eq!(seen[format!("shm_fill {shm}")], "ok", "{seen}");
+    assert_eq!(seen[format!("shm_fill {tmp}")], "ok", "{seen}");
+    assert_ne!(
+        seen[format!("unix_connect {}", hidden.display())],
+        "ok",
+        "{seen}"
+    );
+    assert_eq!(
+        seen[format!("unix_connect {}", named.display())],
+        "ok",
+        "{seen}"
+    );
+    // Judged from outside: nothing it wrote is in the machine's /dev/shm
+    // or /tmp, the hidden socket accepted nothing, the named one one.
+    assert!(!std::path::Path::new(&shm).exists());
+    assert!(!std::path::Path::new(&tmp).exists());
+    assert!(
+        matches!(hidden_listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    );
+    assert!(
+        named_listener.accept().is_ok(),
+        "the named socket was not reached"
+    );
+    let row = daemon.status("box");
+    assert!(
+        row["sandbox"]
+            .to_string()
+            .contains("private /tmp and /dev/shm"),
+        "{row}"
+    );
+    // Bounded: a write past the tmpfs's size (its memory limit) fails.
+    let big: Vec<(&str, String)> = (0..10)
+        .map(|i| ("shm_fill", format!("/dev/shm/{tag}-{i}")))
+        .collect();
+    let seen = attack(&mut bus, "box", &big).await;
+    assert!(
+        big.iter().any(|(k, t)| seen[format!("{k} {t}")] != "ok"),
+        "80 MiB fit in a 64 MiB /dev/shm: {seen}"
+    );
+    drop(daemon);
+    std::fs::remove_dir_all(&run).unwrap();
 }

@@ -20,13 +20,19 @@ async fn a_toolbox_cannot_operate_the_daemon_through_its_control_socket() {
     // the peer check, from inside its cgroup.
     let dir = TempDir::new("pivot");
     dir.write("math.toml", &math_manifest("math"));
+    // Named, so that its view of the filesystem keeps the socket visible.
+    let control_dir = TempDir::new("pivot-ctl");
+    let control = control_dir.path().join("ctl.sock");
     let root = nix::unistd::geteuid().is_root();
     let mut evil = vec!["evil"];
     for id in ["evil", "evil_root"] {
         let extra = if id == "evil_root" && root {
-            "[sandbox]\nuser = \"root\"\n"
+            format!(
+                "[sandbox]\nuser = \"root\"\nread_only = [\"{}\"]\n",
+                control_dir.path().display()
+            )
         } else {
-            ""
+            String::new()
         };
         dir.write(
             &format!("{id}.toml"),
@@ -37,7 +43,14 @@ async fn a_toolbox_cannot_operate_the_daemon_through_its_control_socket() {
         );
     }
     evil.push("evil_root");
-    let daemon = Daemon::start(dir.path());
+    let daemon = Daemon::start_with(&[
+        "--manifests",
+        dir.path().to_str().unwrap(),
+        "--embedded-bus",
+        "127.0.0.1:0",
+        "--control",
+        control.to_str().unwrap(),
+    ]);
     let mut bus = Bus::connect(&daemon.url).await;
     let line = json!({"jsonrpc": "2.0", "id": 1, "method": "stop", "params": {"id": "math"}});
     for id in evil {

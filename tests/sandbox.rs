@@ -90,12 +90,20 @@ async fn a_child_sees_only_its_allow_list_env_and_secrets() {
     let state = env["TOOLBOXD_STATE_DIR"].as_str().unwrap();
     assert_eq!(env["HOME"], state);
     let tmp = env["TMPDIR"].as_str().unwrap();
+    let probe = format!("probe-{}", std::process::id());
     for path in [state, tmp] {
-        let wrote = inspect(&mut bus, "box", json!({"write": format!("{path}/probe")})).await;
+        let wrote = inspect(&mut bus, "box", json!({"write": format!("{path}/{probe}")})).await;
         assert_eq!(wrote["write"], "ok", "{path}: {wrote}");
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o700, "{path}");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &str| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(state), 0o700, "{state}");
+    if nix::unistd::geteuid().is_root() {
+        // Its /tmp is its own (a mount namespace): not the machine's.
+        assert_eq!(tmp, "/tmp");
+        assert!(!std::path::Path::new(tmp).join(&probe).exists());
+    } else {
+        assert_eq!(mode(tmp), 0o700, "{tmp}");
     }
 }
 

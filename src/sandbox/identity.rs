@@ -201,6 +201,24 @@ pub fn last_capability() -> u32 {
     })
 }
 
+/// Whether the daemon holds `CAP_SETPCAP`, which dropping a child's
+/// bounding set takes (a systemd unit may have left it out: the bounding
+/// set then stays the daemon's, of no use to a child with no capability and
+/// no_new_privs, which no file capability can raise).
+pub fn can_drop_bounding_set() -> bool {
+    static CAN: OnceLock<bool> = OnceLock::new();
+    *CAN.get_or_init(|| {
+        const CAP_SETPCAP: u32 = 8;
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|status| {
+                let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+                u64::from_str_radix(hex.trim(), 16).ok()
+            })
+            .is_some_and(|effective| effective & (1 << CAP_SETPCAP) != 0)
+    })
+}
+
 /// Drops every capability from the bounding set (the calling process must
 /// still hold `CAP_SETPCAP`: before its change of user). Only system calls.
 pub fn drop_bounding_set(last: u32) -> std::io::Result<()> {

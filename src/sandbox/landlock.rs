@@ -315,6 +315,9 @@ pub struct Prepared {
     rules: Vec<PathRule>,
     /// The TCP ports the child may connect to (with TCP handled).
     ports: Vec<u16>,
+    /// Paths the child may write, opened in the child: what only exists
+    /// there (its private tmpfs mounts, `mounts.rs`).
+    writable_in_child: Vec<std::ffi::CString>,
     /// The rights the child has over its own `/proc/<pid>`, granted in the
     /// child because only there does `/proc/self` name it: Landlock's
     /// ptrace restriction does not cover every file there (environ, maps
@@ -329,6 +332,13 @@ impl Prepared {
     /// The kernel's Landlock ABI version this ruleset was built for.
     pub fn abi(&self) -> u32 {
         self.abi
+    }
+
+    /// Grants writing beneath `paths` as the child finds them, for what is
+    /// made in the child before this ruleset (a mount over a path hides the
+    /// directory a rule made here would be on).
+    pub fn grant_writable_in_child(&mut self, paths: Vec<std::ffi::CString>) {
+        self.writable_in_child = paths;
     }
 
     /// Confines the calling process: builds its ruleset from the fds opened
@@ -357,6 +367,12 @@ impl Prepared {
         }
         for &port in &self.ports {
             add_port_rule(ruleset, port)?;
+        }
+        for path in &self.writable_in_child {
+            let fd = open_path(path)?;
+            let added = add_path_rule(ruleset, fd, READ_WRITE & self.attr.handled_access_fs);
+            close(fd);
+            added?;
         }
         if self.own_proc != 0 {
             let own = open_path(c"/proc/self")?;
@@ -591,6 +607,7 @@ pub fn prepare(policy: &FsPolicy) -> Result<Prepared, LandlockError> {
         attr,
         rules,
         ports,
+        writable_in_child: Vec::new(),
         own_proc: OWN_PROC & handled,
         abi,
     };
@@ -674,9 +691,11 @@ fn path_rule(path: &Path, access: u64) -> Result<PathRule, LandlockError> {
 ///   and of the other toolboxes hold their secrets. The child's own
 ///   `/proc/<pid>` (its `/proc/self`) is granted by
 ///   [`Prepared::apply_in_child`]; a process it starts has none.
-/// - `/sys/devices/system/cpu` and `/sys/fs/cgroup`: how many CPUs and how
-///   much memory a runtime may use (glibc, node, BLAS); not the rest of
-///   /sys.
+/// - `/sys/devices/system/cpu`: how many CPUs a runtime may use (glibc,
+///   node, BLAS); not the rest of /sys. Of `/sys/fs/cgroup`, where
+///   runtimes read how much memory they may use, only the child's own
+///   groups are added (`sandbox/mod.rs`): the rest lists every toolbox's
+///   processes.
 ///
 /// Not included: `/snap` (snap programs start through a setuid helper that
 /// no_new_privs disables), `/home`, `/root`, `/run`, `/var`, `/tmp`, `/srv`,
@@ -701,7 +720,6 @@ pub fn system_read_paths() -> Vec<PathBuf> {
         "/proc/version",
         "/proc/filesystems",
         "/sys/devices/system/cpu",
-        "/sys/fs/cgroup",
     ];
     let mut paths: Vec<PathBuf> = CANDIDATES
         .iter()

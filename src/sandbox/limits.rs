@@ -53,6 +53,14 @@ pub struct Limited {
     pub in_child_cgroup: bool,
 }
 
+impl Limited {
+    /// The directories of the v1 groups made for the child (readable to
+    /// it: a runtime reads its limits there).
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.v1_dirs
+    }
+}
+
 /// Sets `sandbox`'s limits for a child of toolbox `id`, in its v2 cgroup
 /// `v2_child` (if it has one) or in v1 groups made for it.
 pub fn set_up(

@@ -14,6 +14,7 @@
 pub mod identity;
 pub mod landlock;
 pub mod limits;
+pub mod mounts;
 mod report;
 pub mod seccomp;
 
@@ -57,6 +58,8 @@ pub enum SandboxError {
     Landlock(#[from] landlock::LandlockError),
     #[error("[sandbox] seccomp: {0}")]
     Seccomp(#[from] seccomp::SeccompError),
+    #[error("[sandbox] private filesystem view: {0}")]
+    Mounts(#[from] mounts::MountError),
     #[error("[sandbox] {key} {name:?} cannot be found: {why}")]
     Identity {
         key: &'static str,
@@ -127,16 +130,20 @@ pub struct Plan {
     env: Vec<(OsString, OsString)>,
     /// Who the child runs as.
     pub identity: Identity,
-    /// The highest capability number, for dropping the bounding set.
-    last_capability: u32,
+    /// The highest capability number, for dropping the bounding set;
+    /// `None` when the daemon cannot (no `CAP_SETPCAP`).
+    last_capability: Option<u32>,
     /// Its network level, in words.
     network: String,
     /// Its `RLIMIT_NOFILE`.
     nofile: libc::rlim_t,
     /// Its state directory (kept across starts), for status and tests.
     pub state_dir: PathBuf,
-    /// Its private tmp (its own, new at every start, removed with it).
+    /// Its private tmp (its own, new at every start, removed with it): a
+    /// directory under the state root, or `/tmp` in its private view.
     pub tmp_dir: PathBuf,
+    /// Its private view of the filesystem, where the daemon can make one.
+    view: Option<mounts::Prepared>,
     /// Its memory and task limits: the cgroups it enters, and how each holds.
     pub limits: limits::Limited,
     /// Its filesystem (and, with `network = "none"`, TCP) ruleset.
@@ -171,7 +178,13 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
     // never share, nor empty, each other's.
     static NEXT_TMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = NEXT_TMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp_dir = root.join("tmp").join(format!("{}-{n}", std::process::id()));
+    // With a private view, its /tmp is its own (a tmpfs, gone with it).
+    let private_view = mounts::availability().is_ok();
+    let tmp_dir = if private_view {
+        PathBuf::from("/tmp")
+    } else {
+        root.join("tmp").join(format!("{}-{n}", std::process::id()))
+    };
     if let Some((uid, gid)) = ids {
         // Before make_dir gives the directory itself to the child's user.
         identity::hand_over(&state_dir, uid, gid).map_err(|source| SandboxError::Dir {
@@ -180,12 +193,18 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
         })?;
     }
     make_dir(&state_dir, ids, false)?;
-    make_dir(&tmp_dir, ids, true)?;
+    if !private_view {
+        make_dir(&tmp_dir, ids, true)?;
+    }
     if let Some((uid, gid)) = ids {
         // Another user must pass through the directories above its own,
         // which only the daemon may write.
         use std::os::unix::fs::PermissionsExt;
-        for dir in [state_root.clone(), root.clone(), root.join("tmp")] {
+        let mut above = vec![state_root.clone(), root.clone()];
+        if !private_view {
+            above.push(root.join("tmp"));
+        }
+        for dir in above {
             let fail = |source| SandboxError::Dir {
                 path: dir.clone(),
                 source,
@@ -204,28 +223,44 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
     }
     let env = environment(manifest, &state_dir, &tmp_dir)?;
     let (tcp, sockets) = network(sandbox);
-    let mut read_write = vec![state_dir.clone(), tmp_dir.clone()];
-    // Shared memory, where OVOS libraries keep their locks (documented in
-    // docs/security.md as shared between toolboxes).
-    read_write.extend(
-        SHARED_MEMORY
-            .iter()
-            .map(PathBuf::from)
-            .filter(|p| p.exists()),
-    );
+    let mut read_write = vec![state_dir.clone()];
+    if !private_view {
+        // Its tmp, and shared memory, where OVOS libraries keep their locks
+        // (shared between toolboxes without a private view).
+        read_write.push(tmp_dir.clone());
+        read_write.extend(
+            SHARED_MEMORY
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| p.exists()),
+        );
+    }
     read_write.extend(sandbox.read_write.iter().cloned());
-    let policy = landlock::FsPolicy::standard(own_read_paths(manifest), read_write, tcp);
-    let landlock = landlock::prepare(&policy)?;
-    let seccomp = seccomp::prepare(sockets)?;
     let limits = limits::set_up(&manifest.id, v2_cgroup, sandbox)?;
+    // Of the cgroup tree, only its own groups (where a runtime reads its
+    // limits): the others list every toolbox's processes.
+    let mut read = own_read_paths(manifest);
+    read.extend(limits.dirs().iter().cloned());
+    read.extend(v2_cgroup.map(Path::to_path_buf));
+    let policy = landlock::FsPolicy::standard(read, read_write, tcp);
+    let mut landlock = landlock::prepare(&policy)?;
+    let view = if private_view {
+        let view = mounts::prepare(&policy.read, &policy.read_write, sandbox.memory_max_mib)?;
+        landlock.grant_writable_in_child(view.writable.clone());
+        Some(view)
+    } else {
+        None
+    };
+    let seccomp = seccomp::prepare(sockets)?;
     Ok(Some(Plan {
         env,
         identity,
-        last_capability: identity::last_capability(),
+        last_capability: identity::can_drop_bounding_set().then(identity::last_capability),
         network: network_words(sandbox).1,
         nofile: sandbox.nofile as libc::rlim_t,
         state_dir,
         tmp_dir,
+        view,
         limits,
         landlock,
         seccomp,
@@ -518,11 +553,17 @@ impl Plan {
             // that does not change its user shares the daemon's
             // (child/exec.rs); one that does gets a copy, but keep the
             // calls that are safe in both.
+            // Its own view of the filesystem, while it may still mount.
+            if let Some(view) = &self.view {
+                view.apply_in_child()?;
+            }
             if let Some((uid, gid)) = self.identity.ids() {
                 // The bounding set first, while CAP_SETPCAP is still held;
                 // the change of user empties the effective and permitted
                 // sets, not the inheritable one: emptied after.
-                identity::drop_bounding_set(self.last_capability)?;
+                if let Some(last) = self.last_capability {
+                    identity::drop_bounding_set(last)?;
+                }
                 if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
                     || libc::syscall(libc::SYS_setgid, gid) != 0
                     || libc::syscall(libc::SYS_setuid, uid) != 0
@@ -553,7 +594,8 @@ impl Plan {
         Kept {
             summary,
             _limits: self.limits,
-            tmp_dir: Some(self.tmp_dir),
+            // A private view's /tmp goes with its mount namespace.
+            tmp_dir: self.view.is_none().then_some(self.tmp_dir),
         }
     }
 
@@ -562,6 +604,13 @@ impl Plan {
         let mut what = vec![
             self.identity.words(),
             self.network.clone(),
+            match &self.view {
+                Some(view) => view.words.clone(),
+                None => format!(
+                    "filesystem view: not private ({})",
+                    mounts::availability().err().unwrap_or("")
+                ),
+            },
             format!("Landlock ABI {}", self.landlock.abi()),
             format!("seccomp ({} calls refused)", self.seccomp.refused().len()),
         ];

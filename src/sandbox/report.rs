@@ -48,6 +48,15 @@ pub fn report(manifest: &Manifest) -> (Vec<String>, bool) {
     }
     let (holds, words) = super::network_words(sandbox);
     say(holds, words);
+    match super::mounts::availability() {
+        Ok(()) => say(
+            true,
+            "filesystem view: private /tmp and /dev/shm (tmpfs), /run hidden but for the paths \
+             the manifest names (mount namespace)"
+                .to_owned(),
+        ),
+        Err(why) => say(true, format!("filesystem view: not private: {why}")),
+    }
     for (key, value, controller) in [
         ("tasks_max", sandbox.tasks_max, "pids"),
         ("memory_max_mib", sandbox.memory_max_mib, "memory"),
