@@ -167,7 +167,30 @@ fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
     if crate::proctree::descends_from(peer, std::process::id()) {
         return Err(format!("pid {pid} was started by the daemon (a toolbox's)"));
     }
+    // And where it left the daemon's tree and has no cgroup (a daemon that
+    // is not root, re-parented by `setsid` and a double fork): every process
+    // of a standard-profile toolbox carries the seccomp filter the daemon
+    // gave it, which no process can shed, on top of the daemon's own.
+    if let (Some(theirs), Some(ours)) = (seccomp_filters(peer), seccomp_filters(std::process::id()))
+    {
+        if theirs > ours {
+            return Err(format!(
+                "pid {pid} runs under more seccomp filters ({theirs}) than the daemon ({ours}): \
+                 a toolbox's process"
+            ));
+        }
+    }
     Ok(())
+}
+
+/// How many seccomp filters process `pid` runs under (Linux 5.9 and later
+/// say; `None` before, or when it is gone).
+fn seccomp_filters(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let count = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp_filters:"))?;
+    count.trim().parse().ok()
 }
 
 /// Longest request line accepted.

@@ -88,7 +88,8 @@ fn write_toolbox(
     let manifest_text = format!(
         "{manifest_text}\n[sandbox]\n\
          # No socket of this toolbox reaches anything (the bus included).\n\
-         # To let it use the network, write: network = \"full\"\n\
+         # To let it call web APIs (TCP ports 80 and 443), write: network = \"internet\"\n\
+         # To let it reach everything, the bus and local services too: network = \"full\"\n\
          network = \"none\"\n"
     );
     let mut written = Vec::new();

@@ -5,6 +5,7 @@
 mod common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
@@ -265,6 +266,27 @@ async fn a_toolbox_of_a_daemon_that_is_not_root_cannot_set_the_daemons_limits_or
             .contains("shared with every toolbox"),
         "{row}"
     );
+    // Its grandchild leaves the tree (setsid, its parent gone) and, the
+    // same user as the daemon, reaches the control socket: refused.
+    let line = json!({"jsonrpc": "2.0", "id": 1, "method": "logs", "params": {"id": "box"}});
+    let r = bus
+        .call(
+            "box",
+            "control_orphan",
+            json!({"path": daemon.control.to_str().unwrap(), "line": line.to_string()}),
+        )
+        .await;
+    assert_ne!(r["result"]["ppid"], daemon.pid(), "re-parented away: {r}");
+    let answer = r["result"]["answer"].as_str().unwrap_or_default();
+    assert!(
+        !answer.contains("\"result\""),
+        "an orphan read the logs: {answer}"
+    );
+    common::wait_until("the refusal is logged", Duration::from_secs(5), || {
+        !daemon
+            .log_lines_with("control socket: refused a connection")
+            .is_empty()
+    });
 }
 
 #[tokio::test]

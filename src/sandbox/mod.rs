@@ -237,6 +237,7 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
     }
     read_write.extend(sandbox.read_write.iter().cloned());
     let limits = limits::set_up(&manifest.id, v2_cgroup, sandbox)?;
+    warn_once_not_enforced(&manifest.id, &limits.how);
     // Of the cgroup tree, only its own groups (where a runtime reads its
     // limits): the others list every toolbox's processes.
     let mut read = own_read_paths(manifest);
@@ -265,6 +266,35 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
         landlock,
         seccomp,
     }))
+}
+
+/// Says once per toolbox, as a warning, which of its default limits this
+/// machine does not enforce (a daemon that is not root, or no cgroup
+/// controller): the `toolbox ready` line and status say it at every start.
+fn warn_once_not_enforced(id: &str, how: &[String]) {
+    static WARNED: std::sync::Mutex<Option<std::collections::HashSet<String>>> =
+        std::sync::Mutex::new(None);
+    let missing: Vec<&String> = how
+        .iter()
+        .filter(|h| h.contains(": not enforced"))
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    // A poisoned lock only means a panic elsewhere while it was held.
+    let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+    if warned
+        .get_or_insert_with(Default::default)
+        .insert(id.to_owned())
+    {
+        let missing: Vec<&str> = missing.iter().map(|h| h.as_str()).collect();
+        tracing::warn!(
+            toolbox = %id,
+            "limits not enforced on this machine: {}; give the daemon a cgroup controller \
+             (run it as root, or under systemd with Delegate=yes)",
+            missing.join("; ")
+        );
+    }
 }
 
 /// Whether `uid`/`gid` may run the toolbox's program in its working
