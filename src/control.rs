@@ -156,6 +156,14 @@ fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
     let Some(pid) = cred.pid() else {
         return Ok(());
     };
+    // A peer that is gone cannot be told from a toolbox's (one that
+    // connected, passed the socket on and exited): refused, as is any whose
+    // process cannot be read.
+    if std::fs::metadata(format!("/proc/{pid}/status")).is_err() {
+        return Err(format!(
+            "pid {pid} is gone (or hidden): a peer must be alive to be checked"
+        ));
+    }
     if let Some(cgroups) = crate::cgroup::Cgroups::get_if_created() {
         if cgroups.holds(pid) {
             return Err(format!("pid {pid} runs inside a toolbox"));
@@ -179,6 +187,11 @@ fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
                  a toolbox's process"
             ));
         }
+    }
+    // Checked last, so that a peer that exited during the checks (each of
+    // which read nothing and passed) is refused all the same.
+    if std::fs::metadata(format!("/proc/{pid}/status")).is_err() {
+        return Err(format!("pid {pid} exited while it was checked"));
     }
     Ok(())
 }

@@ -326,9 +326,12 @@ async fn a_default_toolbox_of_a_root_daemon_has_its_own_tmp_and_shm_and_sees_no_
     let mut bus = Bus::connect(&daemon.url).await;
     let shm = format!("/dev/shm/{tag}");
     let tmp = format!("/tmp/{tag}");
+    // Its own directory is under /tmp: bound back into its view, read-only.
+    let own = dir.path().join("planted").display().to_string();
     let attacks = [
         ("shm_fill", shm.clone()),
         ("shm_fill", tmp.clone()),
+        ("shm_fill", own.clone()),
         ("unix_connect", hidden.display().to_string()),
         ("unix_connect", named.display().to_string()),
         ("list", "/run".to_owned()),
@@ -336,6 +339,8 @@ async fn a_default_toolbox_of_a_root_daemon_has_its_own_tmp_and_shm_and_sees_no_
     let seen = attack(&mut bus, "box", &attacks).await;
     assert_eq!(seen[format!("shm_fill {shm}")], "ok", "{seen}");
     assert_eq!(seen[format!("shm_fill {tmp}")], "ok", "{seen}");
+    assert_ne!(seen[format!("shm_fill {own}")], "ok", "{seen}");
+    assert!(!std::path::Path::new(&own).exists());
     assert_ne!(
         seen[format!("unix_connect {}", hidden.display())],
         "ok",
@@ -375,4 +380,44 @@ async fn a_default_toolbox_of_a_root_daemon_has_its_own_tmp_and_shm_and_sees_no_
     );
     drop(daemon);
     std::fs::remove_dir_all(&run).unwrap();
+}
+
+#[tokio::test]
+async fn a_path_with_dot_dots_under_a_hidden_directory_changes_nothing_outside_the_view() {
+    if !is_root() {
+        eprintln!("skipped: only a root daemon makes a private view");
+        return;
+    }
+    // The script's own `#!` line names its interpreter through /tmp and
+    // /root: the view's steps, run as root, must not follow it out.
+    let before = std::fs::metadata("/root").map(|m| m.mode() & 0o7777).ok();
+    let dir = TempDir::new("confinement-dotdot");
+    let script = dir.write(
+        "box.py",
+        &format!(
+            "#!/tmp/../root/../usr/bin/python3\nimport runpy, sys\nsys.argv[1:] = []\n\
+             runpy.run_path({:?}, run_name=\"__main__\")\n",
+            repo("tests/fixtures/faulty_toolbox.py")
+        ),
+    );
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    dir.write(
+        "box.toml",
+        &format!(
+            "id = \"box\"\ncommand = \"{}\"\n[sandbox]\nread_only = [{:?}]\n",
+            script.display(),
+            repo("tests")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let after = std::fs::metadata("/root").map(|m| m.mode() & 0o7777).ok();
+    if after != before {
+        if let Some(mode) = before {
+            std::fs::set_permissions("/root", std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        panic!("/root went from {before:?} to {after:?}");
+    }
+    let root_mode = std::fs::metadata("/").unwrap().mode() & 0o7777;
+    assert_eq!(root_mode, 0o755);
+    drop(daemon);
 }

@@ -528,7 +528,10 @@ fn run_child(args: &ChildArgs) -> io::Result<()> {
             }
         }
         check(libc::chdir(args.command.cwd.as_ptr()))?;
-        check(libc::setpgid(0, 0))?;
+        // A session of its own (and so a process group): it cannot join
+        // the daemon's group (only groups of its own session), whose
+        // priority it could then set, or whose kill it could escape.
+        check(libc::setsid())?;
     }
     (args.steps)()?;
     let command = args.command;

@@ -110,6 +110,15 @@ pub fn identity(id: &str, sandbox: &Sandbox) -> Result<Identity, SandboxError> {
         Some(name) => Some(lookup_group(name)?),
         None => None,
     };
+    if let Some(user) = named.as_ref().filter(|u| u.uid.is_root()) {
+        return Err(SandboxError::Identity {
+            key: "user",
+            name: user.name.clone(),
+            why: "it is uid 0, which owns root's files even without capabilities; write \
+                  user = \"root\" to run a toolbox as root knowingly"
+                .to_owned(),
+        });
+    }
     Ok(match named {
         Some(user) => Identity::Own {
             uid: user.uid.as_raw(),
@@ -357,34 +366,167 @@ fn allows(uid: u32, gid: u32, owner: u32, group: u32, mode: u32, need: u32) -> b
 
 /// Gives the state directory `dir` (and what the toolbox left in it) to
 /// `uid`/`gid` when another owner has it: after an upgrade from a daemon
-/// that ran toolboxes as root, or a change of `user`. Links are changed
-/// themselves, never followed; a file with other hard links is left alone
-/// (it may be a file outside, linked in by an earlier owner).
+/// that ran toolboxes as root, or a change of `user`. The walk goes by
+/// directory descriptors (`openat` with `O_NOFOLLOW`, `fchownat` without
+/// following), so a process of the earlier owner that swaps a directory
+/// for a link while it runs cannot lead it elsewhere; it stays on one
+/// filesystem. Only what the earlier owner owns is changed: directories,
+/// links themselves, and regular files with no other hard link (one may be
+/// a file outside, linked in); devices, FIFOs and sockets are left alone.
 pub fn hand_over(dir: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = match std::fs::symlink_metadata(dir) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let previous = meta.uid();
-    if previous == uid {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated path; the descriptor is owned below.
+    let fd = unsafe { libc::open(c.as_ptr(), flags) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.kind() {
+            std::io::ErrorKind::NotFound => Ok(()),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let top = fstat(fd.as_raw_fd(), None)?;
+    if top.st_uid == uid {
         return Ok(());
     }
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(path) = pending.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.uid() != previous || (meta.is_file() && meta.nlink() > 1) {
-            continue;
+    Walk {
+        previous: top.st_uid,
+        device: top.st_dev,
+        uid,
+        gid,
+    }
+    .directory(fd, 0)
+}
+
+use std::os::fd::{AsRawFd, FromRawFd};
+
+/// One hand-over walk: whose files, on which filesystem, to whom.
+struct Walk {
+    previous: u32,
+    device: libc::dev_t,
+    uid: u32,
+    gid: u32,
+}
+
+/// Deepest directory nesting walked (a state directory deeper than this
+/// keeps what lies below with its earlier owner).
+const MAX_DEPTH: usize = 64;
+
+impl Walk {
+    /// Changes the open directory `dir` and what it holds.
+    fn directory(&self, dir: std::os::fd::OwnedFd, depth: usize) -> std::io::Result<()> {
+        // SAFETY: fchown on a descriptor we own.
+        if unsafe { libc::fchown(dir.as_raw_fd(), self.uid, self.gid) } != 0 {
+            return Err(std::io::Error::last_os_error());
         }
-        std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                pending.push(entry?.path());
+        if depth >= MAX_DEPTH {
+            return Ok(());
+        }
+        for name in entries(&dir)? {
+            let Ok(stat) = fstat(dir.as_raw_fd(), Some(&name)) else {
+                continue; // gone meanwhile
+            };
+            if stat.st_uid != self.previous || stat.st_dev != self.device {
+                continue;
+            }
+            match stat.st_mode & libc::S_IFMT {
+                libc::S_IFDIR => {
+                    let flags =
+                        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+                    // SAFETY: a name read from this directory, NUL-terminated.
+                    let fd = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
+                    if fd < 0 {
+                        continue; // swapped for something else meanwhile
+                    }
+                    // SAFETY: a new descriptor nothing else owns.
+                    let sub = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+                    self.directory(sub, depth + 1)?;
+                }
+                libc::S_IFLNK => self.change(&dir, &name)?,
+                libc::S_IFREG if stat.st_nlink == 1 => self.change(&dir, &name)?,
+                _ => {}
             }
         }
+        Ok(())
     }
-    Ok(())
+
+    /// Changes the entry `name` of `dir` itself (never what a link names).
+    fn change(&self, dir: &std::os::fd::OwnedFd, name: &std::ffi::CStr) -> std::io::Result<()> {
+        // SAFETY: a name read from this directory, NUL-terminated.
+        let changed = unsafe {
+            libc::fchownat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                self.uid,
+                self.gid,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if changed != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// `fstat` of `dir` itself, or `fstatat` of its entry `name` (not following it).
+fn fstat(dir: i32, name: Option<&std::ffi::CStr>) -> std::io::Result<libc::stat> {
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: the kernel fills `stat` when the call succeeds.
+    let r = unsafe {
+        match name {
+            Some(name) => libc::fstatat(
+                dir,
+                name.as_ptr(),
+                stat.as_mut_ptr(),
+                libc::AT_SYMLINK_NOFOLLOW,
+            ),
+            None => libc::fstat(dir, stat.as_mut_ptr()),
+        }
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: filled by the successful call above.
+    Ok(unsafe { stat.assume_init() })
+}
+
+/// The names in the open directory `dir` (without `.` and `..`).
+fn entries(dir: &std::os::fd::OwnedFd) -> std::io::Result<Vec<std::ffi::CString>> {
+    // SAFETY: fdopendir takes a duplicate, closed by closedir below.
+    let dup = unsafe { libc::fcntl(dir.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor of a directory we own.
+    let stream = unsafe { libc::fdopendir(dup) };
+    if stream.is_null() {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so `dup` is still ours to close.
+        unsafe { libc::close(dup) };
+        return Err(e);
+    }
+    let mut names = Vec::new();
+    loop {
+        // SAFETY: readdir on the stream opened above; the entry is read
+        // before the next call.
+        let entry = unsafe { libc::readdir(stream) };
+        if entry.is_null() {
+            break;
+        }
+        // SAFETY: d_name is NUL-terminated within the entry.
+        let name = unsafe { std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()) };
+        if name.to_bytes() != b"." && name.to_bytes() != b".." {
+            names.push(name.to_owned());
+        }
+    }
+    // SAFETY: the stream opened above, closed once.
+    unsafe { libc::closedir(stream) };
+    Ok(names)
 }
 
 #[cfg(test)]
@@ -412,6 +554,37 @@ mod tests {
         assert!(!allows(6, 6, 0, 0, 0o750, 0o4));
         // The owner's bits decide for the owner, even when "other" has more.
         assert!(!allows(5, 5, 5, 0, 0o007, 0o4));
+    }
+
+    #[test]
+    fn hand_over_changes_what_the_earlier_owner_left_and_nothing_a_link_names() {
+        use std::os::unix::fs::MetadataExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to change owners");
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("toolboxd-handover-{}", std::process::id()));
+        let state = base.join("state");
+        std::fs::create_dir_all(state.join("deep/er")).unwrap();
+        std::fs::write(state.join("deep/er/file"), "x").unwrap();
+        let outside = base.join("outside");
+        std::fs::write(&outside, "root's").unwrap();
+        std::os::unix::fs::symlink(&outside, state.join("link")).unwrap();
+        std::fs::hard_link(&outside, state.join("hard")).unwrap();
+        let to = DYNAMIC_FIRST + 11;
+        hand_over(&state, to, to).unwrap();
+        let owner = |p: &Path| std::fs::symlink_metadata(p).unwrap().uid();
+        for path in ["", "deep", "deep/er", "deep/er/file", "link"] {
+            assert_eq!(owner(&state.join(path)), to, "{path}");
+        }
+        assert_eq!(
+            owner(&outside),
+            0,
+            "a link's target, or a hard link, is not handed over"
+        );
+        // Already the new owner's: nothing to do.
+        hand_over(&state, to, to).unwrap();
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -315,19 +315,20 @@ fn reachable(manifest: &Manifest, uid: u32, gid: u32) -> Result<(), SandboxError
 /// and `sockets`.
 fn network(sandbox: &Sandbox) -> (landlock::Tcp, seccomp::Sockets) {
     let has = |kind| sandbox.sockets.contains(&kind);
-    let ip = seccomp::Sockets::Ip {
+    let ip = |tcp_restricted| seccomp::Sockets::Ip {
         netlink: has(SocketKind::Netlink),
         packet: has(SocketKind::Packet),
         raw: has(SocketKind::Raw),
+        tcp_restricted,
     };
     match sandbox.network {
-        Network::Full => (landlock::Tcp::Open, ip),
+        Network::Full => (landlock::Tcp::Open, ip(false)),
         // The default level on a kernel that cannot hold it: open, and
         // said so ([`network_words`]); a written one fails the start.
         Network::Internet if !sandbox.network_declared && !landlock::support().network() => {
-            (landlock::Tcp::Open, ip)
+            (landlock::Tcp::Open, ip(false))
         }
-        Network::Internet => (landlock::Tcp::ConnectTo(sandbox.ports.clone()), ip),
+        Network::Internet => (landlock::Tcp::ConnectTo(sandbox.ports.clone()), ip(true)),
         Network::None => (landlock::Tcp::Closed, seccomp::Sockets::UnixOnly),
     }
 }

@@ -71,6 +71,8 @@ enum Step {
     Attach { slot: usize, target: CString },
     /// Remounts the tmpfs at `target` read-only.
     ReadOnly(CString),
+    /// Makes the bind mount at `target` read-only.
+    BindReadOnly(CString),
 }
 
 /// The private view, ready for a child to make.
@@ -129,28 +131,48 @@ pub fn prepare(
         if private {
             writable.push(target.clone());
         }
-        // What to keep visible beneath it, shallow first, each opened now.
-        let mut kept: Vec<&PathBuf> = read
+        // What to keep visible beneath it, shallow first: as the kernel
+        // resolves it (no `..`, no link: a path as written, a `#!` line's
+        // say, must not lead the steps, run as root, outside the tmpfs),
+        // writable where `read_write` has it, read-only else.
+        let mut kept: Vec<(PathBuf, bool)> = read
             .iter()
-            .chain(read_write)
-            .filter(|p| p.starts_with(dir) && p.as_path() != dir.as_path())
+            .map(|p| (p, false))
+            .chain(read_write.iter().map(|p| (p, true)))
+            .filter_map(|(p, rw)| Some((std::fs::canonicalize(p).ok()?, rw)))
+            .filter(|(p, _)| p.starts_with(dir) && p != dir)
             .collect();
-        kept.sort();
-        kept.dedup();
-        let mut made: Vec<PathBuf> = Vec::new();
-        for path in kept {
-            if made.iter().any(|m| path.starts_with(m)) {
-                continue; // inside one already bound
-            }
-            let Ok(meta) = std::fs::metadata(path) else {
+        // Writable first among equals, so that the dedup keeps it.
+        kept.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        kept.dedup_by(|later, first| later.0 == first.0);
+        let mut made: Vec<(PathBuf, bool)> = Vec::new();
+        for (path, rw) in kept {
+            let inside = made.iter().rev().find(|(m, _)| path.starts_with(m));
+            // Inside one already bound as it is: nothing to add. A writable
+            // path inside a read-only one is bound again, writable, onto
+            // itself (it exists in the clone).
+            let nested = match inside {
+                Some((_, outer_rw)) if *outer_rw || !rw => continue,
+                Some(_) => true,
+                None => false,
+            };
+            let Ok(meta) = std::fs::metadata(&path) else {
                 continue;
             };
             let slot = clones.len();
             clones.push(Step::Clone {
-                path: c(path)?,
+                path: c(&path)?,
                 slot,
             });
-            let rel = path.strip_prefix(dir).unwrap_or(path);
+            if nested {
+                attach.push(Step::Attach {
+                    slot,
+                    target: c(&path)?,
+                });
+                made.push((path, rw));
+                continue;
+            }
+            let rel = path.strip_prefix(dir).unwrap_or(&path);
             let mut at = dir.clone();
             let parts: Vec<_> = rel.components().collect();
             for (i, part) in parts.iter().enumerate() {
@@ -164,9 +186,15 @@ pub fn prepare(
             }
             attach.push(Step::Attach {
                 slot,
-                target: c(path)?,
+                target: c(&path)?,
             });
-            made.push(path.clone());
+            if !rw {
+                // The tmpfs's root is writable to the child (Landlock adds
+                // up the rights of every directory above a file): the mount
+                // itself keeps a read-only path read-only.
+                attach.push(Step::BindReadOnly(c(&path)?));
+            }
+            made.push((path, rw));
         }
         if !private {
             attach.push(Step::ReadOnly(target));
@@ -231,13 +259,13 @@ impl Prepared {
                         options.as_ptr().cast(),
                     ))?,
                     Step::Dir(path) => {
-                        if libc::mkdir(path.as_ptr(), 0o755) != 0
-                            && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
-                        {
+                        if libc::mkdir(path.as_ptr(), 0o755) == 0 {
+                            // The umask (077 by now) must not close the way
+                            // in; only a directory made here is changed.
+                            check(libc::chmod(path.as_ptr(), 0o755))?;
+                        } else if io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
                             return Err(io::Error::last_os_error());
                         }
-                        // The umask (077 by now) must not close the way in.
-                        check(libc::chmod(path.as_ptr(), 0o755))?;
                     }
                     Step::File(path) => {
                         let fd = libc::open(
@@ -277,6 +305,17 @@ impl Prepared {
                             return Err(io::Error::last_os_error());
                         }
                     }
+                    Step::BindReadOnly(target) => check(libc::mount(
+                        null,
+                        target.as_ptr(),
+                        null,
+                        libc::MS_REMOUNT
+                            | libc::MS_BIND
+                            | libc::MS_RDONLY
+                            | libc::MS_NOSUID
+                            | libc::MS_NODEV,
+                        std::ptr::null(),
+                    ))?,
                     Step::ReadOnly(target) => check(libc::mount(
                         null,
                         target.as_ptr(),

@@ -36,14 +36,15 @@
 //! | `ioctl` `TIOCSTI`, `TIOCLINUX` | type into, or paste on, a terminal the toolbox shares |
 //! | x32 ABI calls (x86_64, `EPERM`) | the same calls under other numbers, past every rule above |
 //! | `prlimit64` on any pid but 0 (the caller) | sets or reads another process's limits: a `RLIMIT_CPU` of one second kills the daemon by `SIGXCPU` when they share a user |
-//! | `setpriority`, `ioprio_set` on anything but the caller (`who` 0, not a whole user) | another process's (the daemon's) CPU and I/O priority |
-//! | `sched_setscheduler`, `sched_setparam`, `sched_setattr` on any pid but 0 | another process's scheduling class |
+//! | `setpriority`, `ioprio_set` on anything but the caller (`who` 0 of a process, not a group or a user) | another process's (the daemon's) CPU and I/O priority |
+//! | `sched_setscheduler`, `sched_setparam`, `sched_setattr`, `sched_setaffinity` on any pid but 0 | another process's scheduling class and CPUs |
 //! | `fanotify_init` | permission events hang every `open()` of the watched files, the daemon's included |
 //! | SysV IPC (`shmget`, `shmat`, `shmdt`, `shmctl`, `semget`, `semop`, `semtimedop`, `semctl`, `msgget`, `msgsnd`, `msgrcv`, `msgctl`) | the machine's shared IPC namespace: other users' segments and queues |
 //! | `sethostname`, `setdomainname` | the host's names |
 //! | `syslog` | the kernel's log (addresses, other services' messages) |
 //! | `adjtimex`, `clock_adjtime` | the host's clock discipline |
-//! | `socket` with `AF_PACKET`, `AF_NETLINK`, or `SOCK_RAW` of `AF_INET`/`AF_INET6`, unless the manifest's `sockets` names it | every frame on the wire, forged packets, the kernel's routing and address tables |
+//! | `socket` with `AF_PACKET`, `AF_NETLINK`, or `SOCK_RAW` (or the old `SOCK_PACKET`) of `AF_INET`/`AF_INET6`, unless the manifest's `sockets` names it | every frame on the wire, forged packets, the kernel's routing and address tables |
+//! | with `network = "internet"`: `socket` of `IPPROTO_MPTCP` or `IPPROTO_SCTP`, `sendto`/`sendmsg`/`sendmmsg` with `MSG_FASTOPEN` | connections Landlock's TCP port rules do not see |
 //! | `socket` but `AF_UNIX`, with `network = "none"` | no network: `AF_INET`, `AF_INET6`, `AF_PACKET`, `AF_NETLINK` and the rest |
 //!
 //! Decisions:
@@ -257,6 +258,11 @@ pub enum Sockets {
         packet: bool,
         /// `SOCK_RAW` of `AF_INET` and `AF_INET6` (forged packets).
         raw: bool,
+        /// Whether Landlock limits TCP (`network = "internet"`): then what
+        /// passes its rules by is refused too: MPTCP and SCTP sockets
+        /// (Landlock's TCP rules do not see them) and TCP Fast Open
+        /// (`MSG_FASTOPEN` connects from `sendto`/`sendmsg`).
+        tcp_restricted: bool,
     },
 }
 
@@ -266,6 +272,7 @@ impl Sockets {
         netlink: false,
         packet: false,
         raw: false,
+        tcp_restricted: false,
     };
 }
 
@@ -420,8 +427,18 @@ mod build {
         libc::CLONE_NEWNET,
     ];
 
-    /// `IOPRIO_WHO_USER` (linux/ioprio.h): every process of a user.
-    const IOPRIO_WHO_USER: u64 = 3;
+    /// `IOPRIO_WHO_PROCESS` (linux/ioprio.h): one process.
+    const IOPRIO_WHO_PROCESS: u64 = 1;
+
+    /// `SOCK_PACKET`: the old way to a packet socket, through `AF_INET`.
+    const SOCK_PACKET: u64 = 10;
+
+    /// `IPPROTO_MPTCP` and `IPPROTO_SCTP`: stream protocols Landlock's TCP
+    /// rules do not cover.
+    const UNSEEN_PROTOCOLS: [u64; 2] = [262, 132];
+
+    /// `MSG_FASTOPEN`: a `sendto` or `sendmsg` that connects.
+    const MSG_FASTOPEN: u64 = 0x2000_0000;
 
     /// `personality(PER_LINUX)`: the plain Linux personality.
     const PER_LINUX: u64 = 0;
@@ -526,28 +543,31 @@ mod build {
             ),
             ("sched_setparam(pid but 0)", libc::SYS_sched_setparam),
             ("sched_setattr(pid but 0)", libc::SYS_sched_setattr),
+            ("sched_setaffinity(pid but 0)", libc::SYS_sched_setaffinity),
         ] {
             table.push(Refusal {
                 rules: not_self(0)?,
                 ..all(shown, nr)
             });
         }
-        // `which, who`: refused when `who` is not 0 (the caller, its group)
-        // or `which` is a whole user (every process of the daemon's user).
-        for (shown, nr, user) in [
+        // `which, who`: allowed for the calling process only (`which` a
+        // process, `who` 0): a group may be the daemon's (a child may join
+        // any group of its session) and a user every process of the
+        // daemon's user.
+        for (shown, nr, process) in [
             (
-                "setpriority(who but 0, PRIO_USER)",
+                "setpriority(but PRIO_PROCESS 0)",
                 libc::SYS_setpriority,
-                libc::PRIO_USER as u64,
+                libc::PRIO_PROCESS as u64,
             ),
             (
-                "ioprio_set(who but 0, IOPRIO_WHO_USER)",
+                "ioprio_set(but IOPRIO_WHO_PROCESS 0)",
                 libc::SYS_ioprio_set,
-                IOPRIO_WHO_USER,
+                IOPRIO_WHO_PROCESS,
             ),
         ] {
             let mut rules = not_self(1)?;
-            rules.push(SeccompRule::new(vec![arg(0, SeccompCmpOp::Eq, user)?])?);
+            rules.push(SeccompRule::new(vec![arg(0, SeccompCmpOp::Ne, process)?])?);
             table.push(Refusal {
                 rules,
                 ..all(shown, nr)
@@ -611,25 +631,60 @@ mod build {
                 netlink,
                 packet,
                 raw,
+                tcp_restricted,
             } => {
                 let family = |f: libc::c_int| arg(0, SeccompCmpOp::Eq, f as u64);
+                // The type's low bits; SOCK_CLOEXEC and SOCK_NONBLOCK ride
+                // above them.
+                let of_type = |t: u64| arg(1, SeccompCmpOp::MaskedEq(0xf), t);
                 let mut rules = Vec::new();
                 if !netlink {
                     rules.push(SeccompRule::new(vec![family(libc::AF_NETLINK)?])?);
                 }
                 if !packet {
                     rules.push(SeccompRule::new(vec![family(libc::AF_PACKET)?])?);
+                    rules.push(SeccompRule::new(vec![
+                        family(libc::AF_INET)?,
+                        of_type(SOCK_PACKET)?,
+                    ])?);
                 }
                 if !raw {
-                    // The type's low bits; SOCK_CLOEXEC and SOCK_NONBLOCK
-                    // ride above them.
-                    let raw_type = arg(1, SeccompCmpOp::MaskedEq(0xf), libc::SOCK_RAW as u64)?;
                     for f in [libc::AF_INET, libc::AF_INET6] {
-                        rules.push(SeccompRule::new(vec![family(f)?, raw_type.clone()])?);
+                        rules.push(SeccompRule::new(vec![
+                            family(f)?,
+                            of_type(libc::SOCK_RAW as u64)?,
+                        ])?);
                     }
                 }
-                let shown = match (netlink, packet, raw) {
-                    (false, false, false) => "socket(AF_NETLINK, AF_PACKET, SOCK_RAW)",
+                if tcp_restricted {
+                    for f in [libc::AF_INET, libc::AF_INET6] {
+                        for protocol in UNSEEN_PROTOCOLS {
+                            rules.push(SeccompRule::new(vec![
+                                family(f)?,
+                                arg(2, SeccompCmpOp::Eq, protocol)?,
+                            ])?);
+                        }
+                    }
+                    for (shown, nr, flags) in [
+                        ("sendto(MSG_FASTOPEN)", libc::SYS_sendto, 3),
+                        ("sendmsg(MSG_FASTOPEN)", libc::SYS_sendmsg, 2),
+                        ("sendmmsg(MSG_FASTOPEN)", libc::SYS_sendmmsg, 3),
+                    ] {
+                        table.push(Refusal {
+                            rules: vec![SeccompRule::new(vec![arg(
+                                flags,
+                                SeccompCmpOp::MaskedEq(MSG_FASTOPEN),
+                                MSG_FASTOPEN,
+                            )?])?],
+                            ..all(shown, nr)
+                        });
+                    }
+                }
+                let shown = match (netlink, packet, raw, tcp_restricted) {
+                    (false, false, false, false) => "socket(AF_NETLINK, AF_PACKET, SOCK_RAW)",
+                    (false, false, false, true) => {
+                        "socket(AF_NETLINK, AF_PACKET, SOCK_RAW, IPPROTO_MPTCP, IPPROTO_SCTP)"
+                    }
                     _ => "socket(the kinds the manifest's `sockets` does not name)",
                 };
                 if !rules.is_empty() {

@@ -122,6 +122,11 @@ checks = {
     "setpriority_other": lambda: on_other(lambda pid: c(libc.setpriority(0, pid, 5))),
     "setpriority_user": lambda: c(libc.setpriority(2, 0, 0)),
     "setpriority_self": lambda: c(libc.setpriority(0, 0, 1)),
+    "setpriority_group": lambda: c(libc.setpriority(1, 0, 1)),
+    "affinity_other": lambda: on_other(lambda pid: py(lambda: os.sched_setaffinity(pid, os.sched_getaffinity(0)))),
+    "mptcp": lambda: py(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM, 262).close()),
+    "fastopen": lambda: py(lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).sendto(
+        b"x", 0x20000000, ("127.0.0.1", 9))),
     "sched_other": lambda: on_other(
         lambda pid: py(lambda: os.sched_setscheduler(pid, os.SCHED_OTHER, os.sched_param(0)))),
     "sched_self": lambda: py(lambda: os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))),
@@ -276,6 +281,7 @@ fn with_the_network_ip_sockets_are_allowed_but_not_packet_raw_or_netlink() {
         netlink: true,
         packet: false,
         raw: true,
+        tcp_restricted: false,
     };
     let results = run_checks(Some(&prepare(asked).expect("prepare")), &kernel);
     expect(&results, &["netlink"], "ok");
@@ -286,12 +292,42 @@ fn with_the_network_ip_sockets_are_allowed_but_not_packet_raw_or_netlink() {
 }
 
 #[test]
+fn with_tcp_restricted_mptcp_and_fast_open_are_refused() {
+    let internet = Sockets::Ip {
+        netlink: false,
+        packet: false,
+        raw: false,
+        tcp_restricted: true,
+    };
+    let results = run_checks(
+        Some(&prepare(internet).expect("prepare")),
+        &["mptcp", "fastopen", "inet"],
+    );
+    expect(&results, &["mptcp", "fastopen"], "EPERM");
+    expect(&results, &["inet"], "ok");
+    // Without the restriction, neither is the filter's refusal.
+    let open = run_checks(
+        Some(&prepare(Sockets::IP).expect("prepare")),
+        &["mptcp", "fastopen"],
+    );
+    for check in ["mptcp", "fastopen"] {
+        assert_ne!(
+            open.get(check).map(String::as_str),
+            Some("EPERM"),
+            "{open:?}"
+        );
+    }
+}
+
+#[test]
 fn other_processes_limits_priorities_and_the_hosts_knobs_are_refused() {
     let filter = prepare(Sockets::IP).expect("prepare");
     let refused = [
         "prlimit_other",
         "setpriority_other",
         "setpriority_user",
+        "setpriority_group",
+        "affinity_other",
         "sched_other",
         "fanotify",
         "shmget",
@@ -474,8 +510,15 @@ fn the_chained_program_decides_as_its_programs_installed_one_by_one() {
         netlink: true,
         packet: true,
         raw: true,
+        tcp_restricted: false,
     };
-    for sockets in [Sockets::IP, Sockets::UnixOnly, open] {
+    let internet = Sockets::Ip {
+        netlink: false,
+        packet: false,
+        raw: false,
+        tcp_restricted: true,
+    };
+    for sockets in [Sockets::IP, Sockets::UnixOnly, open, internet] {
         let (programs, _) = super::build::programs(sockets).expect("programs");
         let chained = super::build::chain(programs.clone());
         let mut checked = 0;
