@@ -294,3 +294,60 @@ async fn a_clients_close_is_answered() {
     .await;
     assert_eq!(answered, Ok(true), "no Close frame came back");
 }
+
+#[tokio::test]
+async fn quiet_clients_holding_the_unfinished_budget_lock_nobody_out_and_are_cut_in_time() {
+    // Five fillers of 8 MiB and a sixth sized to leave a few bytes of the
+    // 40 MiB all unfinished messages share, all silent after: a client
+    // connected before was cut at its next small call, new clients could
+    // not finish a handshake, and nothing changed until the attacker left
+    // (the 30 s deadline was armed only for a read that returned
+    // mid-message). Now a small message always fits, and each filler is
+    // cut 30 s after its first byte.
+    use tokio::io::AsyncWriteExt;
+    let dir = TempDir::new("partial-quiet");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let mut before = Bus::connect(&daemon.url).await;
+    let started = std::time::Instant::now();
+    let mut fillers = Vec::new();
+    for size in [8 << 20, 8 << 20, 8 << 20, 8 << 20, 8 << 20, (8 << 20) - 32] {
+        let (mut ws, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
+        let tokio_tungstenite::MaybeTlsStream::Plain(raw) = ws.get_mut() else {
+            unreachable!("ws:// is plain TCP")
+        };
+        let mut frame = vec![0x81u8, 0xFF];
+        frame.extend_from_slice(&(10u64 << 20).to_be_bytes());
+        frame.extend_from_slice(&[0, 0, 0, 0]);
+        frame.resize(frame.len() + size, b'x');
+        let _ = tokio::time::timeout(Duration::from_secs(5), raw.write_all(&frame)).await;
+        fillers.push(ws);
+    }
+    // The pool is full: the client from before and a new one are served.
+    before.assert_math_answers().await;
+    let mut after = Bus::connect(&daemon.url).await;
+    after.assert_math_answers().await;
+    // The fillers are the ones cut: those past the pool at once, the rest
+    // at their deadline of 30 s.
+    let over_the_pool = daemon
+        .log_lines_with("would make the unfinished messages")
+        .len();
+    assert!(
+        (1..fillers.len()).contains(&over_the_pool),
+        "{over_the_pool}"
+    );
+    common::wait_until(
+        "the quiet fillers are cut at their deadline",
+        Duration::from_secs(45),
+        || {
+            daemon.log_lines_with("left a message unfinished").len() + over_the_pool
+                >= fillers.len()
+        },
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(25),
+        "cut before their deadline"
+    );
+    after.assert_math_answers().await;
+    drop(fillers);
+}

@@ -46,10 +46,17 @@ pub const ROUTE: &str = "/core";
 pub const CLIENT_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
 /// Bytes waiting for the daemon's own client before its senders wait.
 const OWN_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
-/// Bytes of messages not yet complete, summed over every client; a client
-/// whose read would pass it is disconnected.
+/// Bytes of messages not yet complete, summed over every client: past it,
+/// a client whose own unfinished message is larger than
+/// [`PARTIAL_SHARE_BYTES`] is disconnected (the one filling the pool, never
+/// the one sending a small message into it).
 pub const PARTIAL_BYTES: usize = 4 * MAX_FRAME_BYTES;
-/// How long a client may take to finish a message it started.
+/// What every client may have unfinished whatever the others hold: its
+/// handshake and any ordinary message always fit (over every connection,
+/// `MAX_CLIENTS` times this on top of [`PARTIAL_BYTES`] at most).
+pub const PARTIAL_SHARE_BYTES: usize = 64 * 1024;
+/// How long a client may take to finish a message it started, from the
+/// first byte of it.
 pub const PARTIAL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once; more are closed at once (logged).
 pub const MAX_CLIENTS: usize = 256;
@@ -440,6 +447,7 @@ async fn client(
     let fd = tcp::Fd(std::os::fd::AsRawFd::as_raw_fd(&stream));
     let stream = Wire::new(stream, clients.partial.clone());
     let unfinished = stream.unfinished.clone();
+    let since = stream.since.clone();
     // The signature is tungstenite's handshake callback; its error type is theirs.
     #[allow(clippy::result_large_err)]
     let check = |request: &Request, response: Response| {
@@ -501,18 +509,27 @@ async fn client(
     let mut writing = Box::pin(writer.run(&mut rx));
     let reader = async {
         loop {
-            // A client in the middle of a message must finish it in time.
-            let next = ws.next();
-            let frame = if unfinished.load(Ordering::Relaxed) > 0 {
-                match tokio::time::timeout(PARTIAL_TIMEOUT, next).await {
-                    Ok(frame) => frame,
-                    Err(_) => {
+            // A client in the middle of a message must finish it within
+            // PARTIAL_TIMEOUT of its first byte, whenever that came: the
+            // wait is woken at that deadline, or every PARTIAL_TIMEOUT.
+            let mut next = ws.next();
+            let frame = loop {
+                let deadline = match unfinished.load(Ordering::Relaxed) {
+                    0 => tokio::time::Instant::now() + PARTIAL_TIMEOUT,
+                    _ => Wire::started(&since) + PARTIAL_TIMEOUT,
+                };
+                match tokio::time::timeout_at(deadline, &mut next).await {
+                    Ok(frame) => break frame,
+                    Err(_)
+                        if unfinished.load(Ordering::Relaxed) > 0
+                            && Wire::started(&since) + PARTIAL_TIMEOUT
+                                <= tokio::time::Instant::now() =>
+                    {
                         tracing::warn!(%peer, id, "bus client left a message unfinished for {PARTIAL_TIMEOUT:?}; disconnecting it");
                         return;
                     }
+                    Err(_) => {}
                 }
-            } else {
-                next.await
             };
             let Some(frame) = frame else { return };
             tcp::quickack(&fd);

@@ -16,7 +16,7 @@
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -25,7 +25,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::{Inbox, PARTIAL_BYTES};
+use super::{Inbox, PARTIAL_BYTES, PARTIAL_SHARE_BYTES};
 
 /// Control frames (pongs, a close reply) waiting for the writer; past this
 /// many, a pong is dropped (a client that floods pings and does not read
@@ -42,12 +42,19 @@ const COPY_MAX: usize = 16 * 1024;
 /// it grew larger, so that one large burst does not stay with the connection.
 const KEEP_MAX: usize = 64 * 1024;
 
+/// The instant unfinished messages' start times count from (the first call).
+fn epoch() -> tokio::time::Instant {
+    static EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(tokio::time::Instant::now)
+}
+
 /// A close frame, code 1000 (normal closure): the bus's goodbye.
 const GOODBYE: [u8; 4] = [0x88, 0x02, 0x03, 0xE8];
 
 /// The stream tungstenite reads from, counting what the client sends of
 /// messages not yet complete against the budget shared by every client
-/// ([`PARTIAL_BYTES`]). During the handshake its writes go to the socket;
+/// ([`PARTIAL_BYTES`], of which each may always use
+/// [`PARTIAL_SHARE_BYTES`]), and when it started the message now unfinished. During the handshake its writes go to the socket;
 /// once [`Wire::detach`]ed, to the writer.
 pub(super) struct Wire {
     /// The socket's reading half.
@@ -58,6 +65,9 @@ pub(super) struct Wire {
     control: Option<mpsc::Sender<Vec<u8>>>,
     /// Bytes this client sent since its last complete message.
     pub(super) unfinished: Arc<AtomicUsize>,
+    /// When the first of those bytes came, in milliseconds since
+    /// [`epoch`]: the unfinished message's deadline runs from there.
+    pub(super) since: Arc<AtomicU64>,
     /// The sum of `unfinished` over every client.
     pub(super) partial: Arc<AtomicUsize>,
 }
@@ -70,8 +80,14 @@ impl Wire {
             write: Some(write),
             control: None,
             unfinished: Arc::new(AtomicUsize::new(0)),
+            since: Arc::new(AtomicU64::new(0)),
             partial,
         }
+    }
+
+    /// When the unfinished message whose start is `since` began.
+    pub(super) fn started(since: &AtomicU64) -> tokio::time::Instant {
+        epoch() + std::time::Duration::from_millis(since.load(Ordering::Relaxed))
     }
 
     /// The handshake is done: gives the writing half to the writer, and
@@ -105,12 +121,16 @@ impl AsyncRead for Wire {
         let polled = Pin::new(&mut self.read).poll_read(cx, buf);
         let n = buf.filled().len() - before;
         if n > 0 {
-            self.unfinished.fetch_add(n, Ordering::Relaxed);
+            let own = self.unfinished.fetch_add(n, Ordering::Relaxed) + n;
+            if own == n {
+                let now = tokio::time::Instant::now().saturating_duration_since(epoch());
+                self.since.store(now.as_millis() as u64, Ordering::Relaxed);
+            }
             let total = self.partial.fetch_add(n, Ordering::Relaxed) + n;
-            if total > PARTIAL_BYTES {
+            if total > PARTIAL_BYTES && own > PARTIAL_SHARE_BYTES {
                 tracing::warn!(
-                    "a bus client's unfinished message would make the unfinished messages of \
-                     every client pass {PARTIAL_BYTES} bytes; disconnecting it"
+                    "a bus client's unfinished message ({own} bytes) would make the unfinished \
+                     messages of every client pass {PARTIAL_BYTES} bytes; disconnecting it"
                 );
                 return Poll::Ready(Err(io::Error::other(format!(
                     "unfinished messages of every client pass {PARTIAL_BYTES} bytes"
