@@ -46,16 +46,58 @@ impl Validators {
     /// Compiles `input` and `output` (`None`: the generic output schema).
     /// The error says which schema and why.
     fn compile(input: &Value, output: Option<&Value>) -> Result<Validators, String> {
-        let arguments = jsonschema::validator_for(input)
-            .map_err(|e| format!("its inputSchema does not compile: {e}"))?;
+        let arguments = validator(input).map_err(|e| format!("its inputSchema {e}"))?;
         let output = match output {
-            Some(schema) => Arc::new(
-                jsonschema::validator_for(schema)
-                    .map_err(|e| format!("its outputSchema does not compile: {e}"))?,
-            ),
+            Some(schema) => {
+                Arc::new(validator(schema).map_err(|e| format!("its outputSchema {e}"))?)
+            }
             None => generic_output()?,
         };
         Ok(Validators { arguments, output })
+    }
+}
+
+/// Most values one `enum` of a tool's schema may list: every call's value
+/// is compared with each, on the bus's path.
+pub const MAX_ENUM_VALUES: usize = 4096;
+
+/// Compiles `schema` so that checking a value against it takes time linear
+/// in the value: `pattern`s run on the `regex` crate's engine (no
+/// backtracking; a pattern it cannot express, with look-around or
+/// back-references, is refused here with the reason), and no `enum` lists
+/// more than [`MAX_ENUM_VALUES`] values.
+fn validator(schema: &Value) -> Result<jsonschema::Validator, String> {
+    if let Some(n) = largest_enum(schema, 0).filter(|&n| n > MAX_ENUM_VALUES) {
+        return Err(format!(
+            "has an enum of {n} values; at most {MAX_ENUM_VALUES} are accepted (every call is \
+             compared with each)"
+        ));
+    }
+    jsonschema::options()
+        .with_pattern_options(jsonschema::PatternOptions::regex())
+        .build(schema)
+        .map_err(|e| format!("does not compile: {e} (patterns use the regex crate's syntax: no look-around or back-references)"))
+}
+
+/// The most values any `enum` in `schema` lists (schemas nest at most as
+/// deep as a bus message's JSON: [`crate::bus`] bounds that).
+fn largest_enum(schema: &Value, depth: usize) -> Option<usize> {
+    if depth > 256 {
+        return None;
+    }
+    match schema {
+        Value::Object(map) => {
+            let own = map.get("enum").and_then(Value::as_array).map(Vec::len);
+            map.values()
+                .filter_map(|v| largest_enum(v, depth + 1))
+                .chain(own)
+                .max()
+        }
+        Value::Array(items) => items
+            .iter()
+            .filter_map(|v| largest_enum(v, depth + 1))
+            .max(),
+        _ => None,
     }
 }
 
@@ -148,8 +190,8 @@ fn generic_output() -> Result<Arc<jsonschema::Validator>, String> {
     if let Some(shared) = GENERIC.get() {
         return Ok(shared.clone());
     }
-    let compiled = jsonschema::validator_for(&mcp::generic_output_schema())
-        .map_err(|e| format!("the generic output schema does not compile: {e}"))?;
+    let compiled = validator(&mcp::generic_output_schema())
+        .map_err(|e| format!("the generic output schema {e}"))?;
     Ok(GENERIC.get_or_init(|| Arc::new(compiled)).clone())
 }
 
@@ -268,6 +310,31 @@ impl ToolSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn patterns_run_without_backtracking_and_large_enums_are_refused() {
+        // Nested quantifiers: exponential for a backtracking engine on a
+        // near miss; linear here, and answered.
+        let evil = validator(&serde_json::json!({"type": "string", "pattern": "^(a|aa)+$"}))
+            .expect("compiles");
+        assert!(!evil.is_valid(&Value::String(format!("{}!", "a".repeat(40)))));
+        assert!(evil.is_valid(&Value::String("a".repeat(40))));
+        // What the regex crate cannot express is refused, saying why.
+        let lookahead = validator(&serde_json::json!({"pattern": "^(?=a)a$"})).unwrap_err();
+        assert!(lookahead.contains("does not compile"), "{lookahead}");
+        assert!(lookahead.contains("look-around"), "{lookahead}");
+        let values: Vec<Value> = (0..=MAX_ENUM_VALUES)
+            .map(|n| Value::from(n as u64))
+            .collect();
+        let deep = serde_json::json!({"properties": {"x": {"items": {"enum": values}}}});
+        let err = validator(&deep).unwrap_err();
+        assert!(
+            err.contains(&format!("enum of {} values", MAX_ENUM_VALUES + 1)),
+            "{err}"
+        );
+        let fits: Vec<Value> = values[..MAX_ENUM_VALUES].to_vec();
+        assert!(validator(&serde_json::json!({"enum": fits})).is_ok());
+    }
 
     #[test]
     fn tool_names_follow_the_mcp_rule() {

@@ -302,8 +302,11 @@ async fn a_padded_request_that_is_not_a_call_is_dropped_undecoded() {
 #[tokio::test]
 async fn a_slow_pattern_on_a_large_argument_never_stalls_the_daemon() {
     // A lookahead pattern on an 80k-character argument froze the whole daemon
-    // for 17 s (validation ran on its only thread). Large arguments are now
-    // validated on a blocking thread under a 2 s budget, and capped in size.
+    // for 17 s (validation ran on its only thread); nested quantifiers on a
+    // 40-byte near miss cost a backtracking engine 70-240 ms a call, inline.
+    // Patterns now run on a linear-time engine (one it cannot express is
+    // refused when the tool is listed), large arguments are validated on a
+    // blocking thread under a 2 s budget, and capped in size.
     let dir = TempDir::new("slow-pattern");
     dir.write("math.toml", &math_manifest("math"));
     dir.write(
@@ -313,7 +316,7 @@ async fn a_slow_pattern_on_a_large_argument_never_stalls_the_daemon() {
     let daemon = Daemon::start(dir.path());
     let mut attacker = Bus::connect(&daemon.url).await;
     let mut innocent = Bus::connect(&daemon.url).await;
-    let long = "a".repeat(80_000);
+    let long = format!("{}!", "a".repeat(80_000));
     let attack = attacker.call("fixture", "pattern", json!({"text": long}));
     let innocent_call = async {
         // Sent while the validation runs; answered long before it ends.
@@ -330,8 +333,31 @@ async fn a_slow_pattern_on_a_large_argument_never_stalls_the_daemon() {
     );
     let error = attacked["error"].as_str().unwrap_or_default();
     assert!(
-        error.contains("validating the arguments took longer than 2 s"),
+        error.contains("Tool input validation failed for 'pattern'"),
         "{attacked}"
+    );
+    // A near miss of 40 bytes, small enough to be checked inline, many
+    // times: each answered at once (a backtracking engine took 70-240 ms).
+    let started = std::time::Instant::now();
+    for _ in 0..20 {
+        let near = attacker
+            .call(
+                "fixture",
+                "pattern",
+                json!({"text": format!("{}!", "a".repeat(39))}),
+            )
+            .await;
+        assert!(
+            near["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("validation failed")),
+            "{near}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
     );
     let huge = attacker
         .call("fixture", "pattern", json!({"text": "a".repeat(300_000)}))
