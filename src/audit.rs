@@ -283,8 +283,17 @@ fn open_file(path: &Path) -> Result<Box<dyn Write + Send>, String> {
         .append(true)
         .create(true)
         .mode(0o600)
-        .custom_flags(libc::O_NONBLOCK)
+        // Never through a link planted at the path (the daemon may be
+        // root and the directory another user's).
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
         .open(path);
+    if matches!(&opened, Err(e) if e.raw_os_error() == Some(libc::ELOOP)) {
+        return Err(
+            "it is a symbolic link; give the audit log's real path (a link there is never \
+             followed)"
+                .to_owned(),
+        );
+    }
     // A FIFO without a reader refuses a non-blocking open: say what is there.
     let kind = match &opened {
         Ok(file) => file.metadata().map(|m| m.file_type()),
@@ -352,6 +361,23 @@ mod tests {
     use crate::bus::envelope::Message as BusMessage;
     use crate::observe::Outcome;
     use serde_json::json;
+
+    #[test]
+    fn a_link_at_the_path_is_never_followed() {
+        let dir = std::env::temp_dir().join(format!("toolboxd-audit-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let target = dir.join("root-owned");
+        std::fs::write(&target, "keep").unwrap();
+        let link = dir.join("audit.log");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let err = Audit::open(&link)
+            .err()
+            .expect("a link is refused")
+            .to_string();
+        assert!(err.contains("symbolic link"), "{err}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     fn request() -> BusMessage {
         BusMessage::decode(

@@ -84,12 +84,28 @@ pub fn from_files(files: &[PathBuf]) -> BusSettings {
         .get("host")
         .and_then(Value::as_str)
         .unwrap_or("127.0.0.1");
-    if !is_loopback_host(host) {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let unspecified = bare
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_unspecified());
+    if unspecified {
+        warnings.push(format!(
+            "the bus host {host:?} means every interface: an embedded bus would listen on each \
+             of them, and whatever reaches the device's network could control OVOS through the \
+             bus (it has no authentication); write 127.0.0.1"
+        ));
+    } else if !is_loopback_host(host) {
         warnings.push(format!(
             "the bus host {host:?} is not loopback: whatever reaches that address can control \
              OVOS through the bus (it has no authentication); an embedded bus would listen there"
         ));
     }
+    // An IPv6 address goes in brackets in a URL (`::1` -> `[::1]`).
+    let host = if bare.contains(':') {
+        format!("[{bare}]")
+    } else {
+        host.to_owned()
+    };
     // OVOS writes the port as a number; a numeric string is taken too.
     let port = match section.get("port") {
         None => 8181,
@@ -238,7 +254,7 @@ mod tests {
         let s = from_files(&[conf("b.conf", "{\"port\": \"19437\"}")]);
         assert_eq!(s.url, "ws://127.0.0.1:19437/core");
         assert!(s.warnings.is_empty(), "{:?}", s.warnings);
-        let s = from_files(&[conf("c.conf", "{\"host\": \"0.0.0.0\"}")]);
+        let s = from_files(&[conf("c.conf", "{\"host\": \"10.0.0.7\"}")]);
         assert!(
             s.warnings[0].contains("is not loopback"),
             "{:?}",
@@ -246,6 +262,20 @@ mod tests {
         );
         let s = from_files(&[conf("d.conf", "{\"host\": \"localhost\"}")]);
         assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        // IPv6: bracketed, as a URL needs ("invalid authority" before).
+        for host in ["::1", "[::1]"] {
+            let s = from_files(&[conf("e.conf", &format!("{{\"host\": \"{host}\"}}"))]);
+            assert_eq!(s.url, "ws://[::1]:8181/core");
+            assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        }
+        for host in ["0.0.0.0", "::"] {
+            let s = from_files(&[conf("f.conf", &format!("{{\"host\": \"{host}\"}}"))]);
+            assert!(
+                s.warnings[0].contains("every interface"),
+                "{:?}",
+                s.warnings
+            );
+        }
         // A FIFO as mycroft.conf once blocked `run` and `list` for ever.
         let fifo = dir.join("fifo.conf");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
