@@ -214,11 +214,16 @@ impl Service {
         }
         // A call takes its room before it is decoded: without room, only
         // what addresses its refusal is read.
-        let held = match calls.then(|| self.held.admit(frame.len())) {
+        let held = match calls.then(|| self.held.admit(frame)) {
             Some(None) => return self.refuse_held(frame),
             held => held.flatten(),
         };
-        let request = match Message::decode(frame) {
+        let decoded = if calls {
+            Message::decode_keeping(frame, &refusals::CALL_KEYS)
+        } else {
+            Message::decode(frame)
+        };
+        let request = match decoded {
             Ok(request) => request,
             Err(e) => {
                 self.log_malformed(&e);

@@ -219,28 +219,34 @@ async fn a_full_wait_queue_answers_busy_at_once_and_others_are_served() {
 }
 
 #[tokio::test]
-async fn calls_padded_past_the_room_calls_share_are_answered_busy_at_once() {
+async fn calls_past_the_room_calls_share_are_answered_busy_and_padding_costs_none() {
     // 264 slow calls, each padded to 10 MiB beside its arguments, grew the
     // daemon to 2.7 GB: a call held its whole request until answered. The
-    // requests of all calls in progress now share a bound.
+    // requests of all calls in progress now share a bound, counted by what
+    // they hold (their arguments and context), not by their frame: one call
+    // padded to 10 MiB beside its arguments took all the room, and 0 of 36
+    // other calls were answered.
     let dir = TempDir::new("held");
-    dir.write("slow.toml", &common::fixture_manifest("slow", ""));
+    dir.write(
+        "slow.toml",
+        &common::fixture_manifest("slow", "[limits]\nmax_argument_bytes = 8388608"),
+    );
     let daemon = Daemon::start(dir.path());
     let before = rss_kib(daemon.pid());
     let mut attacker = Bus::connect(&daemon.url).await;
-    let padding = "x".repeat((2 << 20) - 1024);
+    let big = "x".repeat((2 << 20) - 1024);
     let started = std::time::Instant::now();
     let mut marks = Vec::new();
     for _ in 0..6 {
         let m = common::mark();
         let data = json!({"toolbox_id": "slow", "name": "slow_whoami",
-                          "kwargs": {"seconds": 3.0}, "padding": padding});
+                          "kwargs": {"seconds": 3.0, "big": big}});
         attacker
             .send("ovos.persona.tools.call", data, json!({"mark": m}))
             .await;
         marks.push(m);
     }
-    // Each message (just under 2 MiB) counts 16 times its size of the
+    // Arguments of just under 2 MiB count 16 times their size of the
     // 128 MiB: four are taken, the next two are answered at once, while the
     // four still run.
     for m in &marks[4..] {
@@ -256,10 +262,23 @@ async fn calls_padded_past_the_room_calls_share_are_answered_busy_at_once() {
         let data = attacker.persona_answer(m, Duration::from_secs(20)).await;
         assert!(data["result"]["pid"].is_u64(), "{data}");
     }
-    assert_rss_grew_less(daemon.pid(), before, 160 * 1024);
-    // Their room is given back when they are answered.
+    // Padding beside the arguments is never decoded nor charged: a slow
+    // call padded to 9.5 MiB leaves the room to everyone else.
+    let m = common::mark();
+    let padding = "x".repeat(19 << 19);
+    let data = json!({"toolbox_id": "slow", "name": "slow_whoami",
+                      "kwargs": {"seconds": 3.0}, "padding": padding});
+    attacker
+        .send("ovos.persona.tools.call", data, json!({"mark": m}))
+        .await;
     let mut bus = Bus::connect(&daemon.url).await;
-    assert!(bus.call("slow", "whoami", json!({})).await["result"]["pid"].is_u64());
+    for _ in 0..36 {
+        let answer = bus.call("slow", "whoami", json!({})).await;
+        assert!(answer["result"]["pid"].is_u64(), "{answer}");
+    }
+    let data = attacker.persona_answer(&m, Duration::from_secs(20)).await;
+    assert!(data["result"]["pid"].is_u64(), "{data}");
+    assert_rss_grew_less(daemon.pid(), before, 160 * 1024);
 }
 
 #[tokio::test]

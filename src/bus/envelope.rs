@@ -93,6 +93,80 @@ impl Message {
         })
     }
 
+    /// Decodes one frame as [`Message::decode`] does, but builds only the
+    /// `data` members named in `keep`: the others (a client's padding) are
+    /// skipped as they are read, never made into JSON trees. Any frame this
+    /// reads differently from [`Message::decode`] (not an object, a key
+    /// twice) goes to it, for the same error.
+    pub fn decode_keeping(text: &str, keep: &[&str]) -> Result<Message, DecodeError> {
+        use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+        /// `data` as an object, keeping only the members `keep` names.
+        struct Kept<'k>(&'k [&'k str]);
+        impl<'de> DeserializeSeed<'de> for Kept<'_> {
+            type Value = Object;
+            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Object, D::Error> {
+                d.deserialize_map(self)
+            }
+        }
+        impl<'de> Visitor<'de> for Kept<'_> {
+            type Value = Object;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object, A::Error> {
+                let mut kept = Object::new();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if self.0.contains(&key.as_ref()) {
+                        let value: Value = map.next_value()?;
+                        if kept.insert(key.into_owned(), value).is_some() {
+                            return Err(serde::de::Error::custom("a data key twice"));
+                        }
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(kept)
+            }
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope<'a> {
+            #[serde(rename = "type", default, deserialize_with = "present")]
+            msg_type: Option<Value>,
+            #[serde(borrow)]
+            data: Option<&'a serde_json::value::RawValue>,
+            context: Option<Value>,
+        }
+        let fallback = || Message::decode(text);
+        let Ok(envelope) = serde_json::from_str::<Envelope>(text) else {
+            return fallback();
+        };
+        if !text.trim_start().starts_with('{') {
+            return fallback();
+        }
+        let data = match envelope.data.map(|raw| raw.get().trim_start()) {
+            None => Object::new(),
+            Some(raw) if raw.starts_with("null") => Object::new(),
+            Some(raw) if raw.starts_with('{') => {
+                let mut reader = serde_json::Deserializer::from_str(raw);
+                match Kept(keep).deserialize(&mut reader) {
+                    Ok(data) => data,
+                    Err(_) => return fallback(),
+                }
+            }
+            Some(_) => return Err(DecodeError::NotAnObject("data")),
+        };
+        let msg_type = match envelope.msg_type {
+            None => return Err(DecodeError::MissingType),
+            Some(Value::String(s)) if !s.is_empty() => s,
+            Some(_) => return Err(DecodeError::BadType),
+        };
+        Ok(Message {
+            msg_type,
+            data,
+            context: object_or_empty(envelope.context, "context")?,
+        })
+    }
+
     /// Checks an already parsed JSON value against the envelope rules.
     pub fn from_value(value: Value) -> Result<Message, DecodeError> {
         let Value::Object(mut obj) = value else {
@@ -280,6 +354,36 @@ macro_rules! object {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn decode_keeping_builds_only_the_kept_data_and_errs_as_decode() {
+        let keep = ["name", "kwargs"];
+        let frame = r#"{"type": "t", "data": {"name": "add", "pad": [1, {"deep": [2]}], "kwargs": {"a": 1}}, "context": {"s": 1}}"#;
+        let m = Message::decode_keeping(frame, &keep).unwrap();
+        assert_eq!(
+            Value::Object(m.data),
+            json!({"name": "add", "kwargs": {"a": 1}})
+        );
+        assert_eq!(Value::Object(m.context), json!({"s": 1}));
+        assert_eq!(m.msg_type, "t");
+        for bad in [
+            r#"[1]"#,
+            r#"{"data": {}}"#,
+            r#"{"type": "", "data": {}}"#,
+            r#"{"type": "t", "data": [1]}"#,
+            r#"{"type": "t", "context": 3}"#,
+            r#"{"type": "t", "type": "u"}"#,
+            "not json",
+        ] {
+            let keeping = Message::decode_keeping(bad, &keep);
+            assert!(keeping.is_err(), "{bad}");
+            if let Err(decoded) = Message::decode(bad) {
+                assert_eq!(keeping.unwrap_err(), decoded, "{bad}");
+            }
+        }
+        let empty = Message::decode_keeping(r#"{"type": "t", "data": null}"#, &keep).unwrap();
+        assert!(empty.data.is_empty());
+    }
 
     fn msg(context: Value) -> Message {
         Message::decode(&json!({"type": "t", "data": {}, "context": context}).to_string()).unwrap()

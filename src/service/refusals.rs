@@ -7,10 +7,11 @@
 //! Its arguments are bounded (`max_argument_bytes`), but a client may pad
 //! the rest of the message up to the bus's 10 MiB, and a decoded JSON tree
 //! takes up to 16 times its text (`[0,0,...]`: 32 bytes a value for 2 bytes
-//! of text). Counted by their frame's size times that, the requests of all
-//! calls in progress share [`HELD_BYTES`]; a call past it is answered busy
-//! at once. The room is taken before the call is decoded: a call refused is
-//! read only as far as its answer's address.
+//! of text). Counted by what they hold times that (their context and the
+//! members of `data` a call uses; the rest of the frame is never decoded),
+//! the requests of all calls in progress share [`HELD_BYTES`]; a call past
+//! it is answered busy at once. The room is taken before the call is
+//! decoded: a call refused is read only as far as its answer's address.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -42,12 +43,56 @@ impl Default for Held {
 }
 
 impl Held {
-    /// Room for a call that came in a frame of `frame_bytes`, kept until the
-    /// permit is dropped; `None` when there is none now.
-    pub(super) fn admit(&self, frame_bytes: usize) -> Option<OwnedSemaphorePermit> {
-        let bytes = frame_bytes.saturating_mul(TREE_FACTOR).min(HELD_BYTES);
+    /// Room for the call in `frame`, kept until the permit is dropped;
+    /// `None` when there is none now. The call is charged what it will
+    /// hold ([`held_bytes`]), not its frame: padding beside its arguments
+    /// costs nothing, since it is never decoded ([`CALL_KEYS`]).
+    pub(super) fn admit(&self, frame: &str) -> Option<OwnedSemaphorePermit> {
+        let bytes = held_bytes(frame)
+            .saturating_mul(TREE_FACTOR)
+            .min(HELD_BYTES);
         let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
         self.0.clone().try_acquire_many_owned(bytes).ok()
+    }
+}
+
+/// The `data` members a call uses: all of a call's request that is decoded
+/// and held (with its context).
+pub(super) const CALL_KEYS: [&str; 4] = ["name", "toolbox_id", "kwargs", "args"];
+
+/// What a call's request holds once decoded, in bytes of its text: its
+/// context and the members of [`CALL_KEYS`], read without building their
+/// trees; the whole frame when it cannot be read so (it is then refused as
+/// malformed after).
+fn held_bytes(frame: &str) -> usize {
+    #[derive(serde::Deserialize)]
+    struct Costs<'a> {
+        #[serde(borrow, default)]
+        data: Option<Parts<'a>>,
+        #[serde(borrow, default)]
+        context: Option<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Parts<'a> {
+        #[serde(borrow, default)]
+        name: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        toolbox_id: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        kwargs: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        args: Option<&'a RawValue>,
+    }
+    let len = |raw: Option<&RawValue>| raw.map_or(0, |r| r.get().len());
+    match serde_json::from_str::<Costs>(frame) {
+        Ok(costs) => {
+            let data = costs.data.map_or(0, |d| {
+                len(d.name) + len(d.toolbox_id) + len(d.kwargs) + len(d.args)
+            });
+            // The envelope's own few hundred bytes.
+            512 + data + len(costs.context)
+        }
+        Err(_) => frame.len(),
     }
 }
 
