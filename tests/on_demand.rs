@@ -450,3 +450,34 @@ async fn a_planted_or_opened_up_catalog_is_never_served() {
         daemon.stop();
     }
 }
+
+#[tokio::test]
+async fn a_prewarm_topic_sent_in_a_loop_starts_a_child_at_most_every_ten_seconds() {
+    // A prewarm topic sent five times a second, with idle_stop_s = 1: every
+    // idle stop was followed by a prewarm start (332 child starts in 20 s).
+    let dir = TempDir::new("prewarm-loop");
+    let state = TempDir::new("prewarm-loop-state");
+    lazy_toolbox(
+        &dir,
+        &["ping"],
+        "mode = \"lazy\"\nidle_stop_s = 1\nprewarm_on = [\"recognizer_loop:wakeword\"]",
+    );
+    let daemon = daemon_with_state(&dir, &state);
+    daemon.wait_for_state("lazy", "idle", Duration::from_secs(10));
+    let listing = daemon.log_lines_with("child spawned").len();
+    let mut bus = Bus::connect(&daemon.url).await;
+    let mut ticks = tokio::time::interval(Duration::from_millis(200));
+    for _ in 0..20 {
+        ticks.tick().await;
+        bus.send("recognizer_loop:wakeword", json!({}), json!({}))
+            .await;
+    }
+    // The first prewarm started one child; it stopped after 1 s idle; the
+    // prewarms after it, within 10 s, started none.
+    daemon.wait_for_state("lazy", "idle", Duration::from_secs(10));
+    assert_eq!(
+        daemon.log_lines_with("child spawned").len() - listing,
+        1,
+        "prewarm starts in 4 s"
+    );
+}

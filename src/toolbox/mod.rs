@@ -143,6 +143,9 @@ enum Command {
     },
 }
 
+/// The shortest time between two prewarm starts of one toolbox.
+pub const PREWARM_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A cheap, clonable handle to one toolbox actor.
 #[derive(Clone)]
 pub struct ToolboxHandle {
@@ -557,10 +560,13 @@ impl ToolboxHandle {
     }
 
     /// Starts a child ahead of the first call if every replica is idle (a
-    /// `prewarm_on` topic was heard).
+    /// `prewarm_on` topic was heard), at most once per
+    /// [`PREWARM_INTERVAL`]: any bus client can send the topic, and a
+    /// prewarm after each idle stop was a start loop (332 child starts in
+    /// 20 s for a topic sent five times a second).
     pub fn prewarm(&self) {
         let idle = |r: &Replica| matches!(&*r.slot.borrow(), Slot::Idle);
-        if self.replicas.iter().all(idle) {
+        if self.replicas.iter().all(idle) && self.stats.prewarm_due(PREWARM_INTERVAL) {
             if let Some(first) = self.replicas.first() {
                 first.wake.notify_one();
             }

@@ -26,6 +26,8 @@ pub struct Stats {
     pub stderr: Arc<crate::child::StderrLog>,
     /// What status shows beyond the counters.
     detail: Mutex<Detail>,
+    /// When a prewarm topic last started a child (for its rate).
+    last_prewarm: Mutex<Option<std::time::Instant>>,
 }
 
 #[derive(Debug, Default)]
@@ -62,6 +64,18 @@ pub struct StatsSnapshot {
 }
 
 impl Stats {
+    /// Whether a prewarm may start a child now (none within `interval`);
+    /// if so, now is noted as the last.
+    pub fn prewarm_due(&self, interval: std::time::Duration) -> bool {
+        let mut last = self.last_prewarm.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        if last.is_some_and(|at| now.duration_since(at) < interval) {
+            return false;
+        }
+        *last = Some(now);
+        true
+    }
+
     fn detail(&self) -> std::sync::MutexGuard<'_, Detail> {
         self.detail.lock().unwrap_or_else(|e| e.into_inner())
     }
