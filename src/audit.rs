@@ -8,6 +8,12 @@
 //! queue is full the line is dropped and counted (the
 //! `toolboxd_audit_dropped_lines_total` metric, and a log line). SIGHUP makes
 //! the writer reopen the path, for logrotate.
+//!
+//! Bounded whatever the callers send: a refusal (`invalid`, `busy`) is
+//! written once a second per outcome, the others of that second counted in
+//! one `repeated` line; texts are cut (a session id at 256 bytes); and past
+//! [`MAX_FILE_BYTES`] the file rotates itself (`PATH` becomes `PATH.1`,
+//! replacing the one before), so the log never takes more than twice that.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -29,8 +35,14 @@ const MAX_QUEUED_BYTES: usize = 16 * 1024 * 1024;
 /// Longest line: a longer one (large arguments or result) is written without
 /// its arguments and result, marked `"truncated": true`.
 const MAX_LINE_BYTES: usize = 256 * 1024;
-/// Longest error text, session id and topic written (cut at a character).
+/// Longest error text and topic written (cut at a character).
 const MAX_TEXT_BYTES: usize = 4096;
+/// Longest session id written (OVOS's are UUIDs).
+const MAX_SESSION_BYTES: usize = 256;
+/// Size past which the file rotates itself.
+pub const MAX_FILE_BYTES: u64 = 64 * 1024 * 1024;
+/// How often a refusal of one outcome is written in full.
+const REFUSAL_EVERY: Duration = Duration::from_secs(1);
 /// How long shutdown waits for the writer to write what is queued.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
@@ -54,8 +66,12 @@ enum Message {
     Close,
 }
 
-/// Opens where the lines go: the file at the path, each time it is reopened.
-type Opener = Box<dyn FnMut() -> Result<Box<dyn Write + Send>, String> + Send>;
+/// Opens where the lines go (the file at the path, each time it is
+/// reopened), with how many bytes it holds already.
+type Opener = Box<dyn FnMut() -> Result<(Box<dyn Write + Send>, u64), String> + Send>;
+
+/// Moves the full file aside (`PATH` to `PATH.1`), before the next open.
+type Rotator = Box<dyn FnMut() -> Result<(), String> + Send>;
 
 /// The audit log: cheap to share, never blocks a call.
 pub struct Audit {
@@ -69,6 +85,8 @@ pub struct Audit {
     dropped: AtomicU64,
     /// Drops are logged at most once a second.
     drop_log: Mutex<LogBudget>,
+    /// The refusals of this second, per refused outcome.
+    refusals: Mutex<[Refusals; 2]>,
     /// The writer thread, until it is closed.
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -97,6 +115,24 @@ fn is_false(b: &bool) -> bool {
     !b
 }
 
+/// Refusals of one outcome in the current second.
+#[derive(Debug, Default)]
+struct Refusals {
+    /// When its line was written in full.
+    since: Option<std::time::Instant>,
+    /// How many were not written since.
+    repeated: u64,
+}
+
+/// The line that says how many refusals of `outcome` were not written.
+#[derive(Serialize)]
+struct Repeated<'a> {
+    time: String,
+    outcome: &'a str,
+    repeated: u64,
+    note: &'a str,
+}
+
 impl Audit {
     /// Opens (creating, mode 0600) the regular file at `path` for appending
     /// and starts its writer.
@@ -106,17 +142,23 @@ impl Audit {
             why,
         };
         let first = open_file(path).map_err(error)?;
-        let path = path.to_owned();
         let mut first = Some(first);
+        let opened = path.to_owned();
         let opener: Opener = Box::new(move || match first.take() {
             Some(file) => Ok(file),
-            None => open_file(&path).map_err(|why| format!("{}: {why}", path.display())),
+            None => open_file(&opened).map_err(|why| format!("{}: {why}", opened.display())),
         });
-        Ok(Audit::start(opener, MAX_QUEUED_LINES))
+        let (from, to) = (path.to_owned(), rotated(path));
+        let rotator: Rotator = Box::new(move || {
+            std::fs::rename(&from, &to)
+                .map_err(|e| format!("cannot move it to {}: {e}", to.display()))
+        });
+        Ok(Audit::start(opener, Some(rotator), MAX_QUEUED_LINES))
     }
 
-    /// Starts the writer thread on what `open` gives, with a queue of `lines`.
-    fn start(mut open: Opener, lines: usize) -> Audit {
+    /// Starts the writer thread on what `open` gives (rotated by `rotate`
+    /// past [`MAX_FILE_BYTES`]), with a queue of `lines`.
+    fn start(mut open: Opener, rotate: Option<Rotator>, lines: usize) -> Audit {
         let (tx, rx) = sync_channel(lines);
         let queued = Arc::new(AtomicUsize::new(0));
         let reopen = Arc::new(AtomicBool::new(false));
@@ -125,7 +167,7 @@ impl Audit {
             let (queued, reopen) = (queued.clone(), reopen.clone());
             std::thread::Builder::new()
                 .name("audit-log".to_owned())
-                .spawn(move || write_lines(out, open, rx, &queued, &reopen))
+                .spawn(move || write_lines(out, open, rotate, rx, &queued, &reopen))
         };
         let writer = match writer {
             Ok(handle) => Some(handle),
@@ -142,6 +184,7 @@ impl Audit {
             reopen,
             dropped: AtomicU64::new(0),
             drop_log: Mutex::new(LogBudget::new(1)),
+            refusals: Mutex::new(Default::default()),
             writer: Mutex::new(writer),
         }
     }
@@ -149,7 +192,42 @@ impl Audit {
     /// Queues the line of a finished call; `false` when it was dropped
     /// because the writer is behind. Never waits.
     pub fn record(&self, call: &Finished<'_>) -> bool {
-        let line = encode(call);
+        let refused = match call.outcome {
+            crate::observe::Outcome::Invalid => Some(0),
+            crate::observe::Outcome::Busy => Some(1),
+            _ => None,
+        };
+        if let Some(kind) = refused {
+            let mut all = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(window) = all.get_mut(kind) else {
+                return false;
+            };
+            let now = std::time::Instant::now();
+            if window
+                .since
+                .is_some_and(|at| now.duration_since(at) < REFUSAL_EVERY)
+            {
+                window.repeated += 1;
+                return true;
+            }
+            window.since = Some(now);
+            let repeated = std::mem::take(&mut window.repeated);
+            drop(all);
+            if repeated > 0 {
+                let line = Repeated {
+                    time: crate::clock::rfc3339(std::time::SystemTime::now()),
+                    outcome: call.outcome.name(),
+                    repeated,
+                    note: "refusals of this outcome not written in the second before (one a second is)",
+                };
+                self.queue(serde_json::to_string(&line).unwrap_or_default());
+            }
+        }
+        self.queue(encode(call))
+    }
+
+    /// Queues one line; `false` when it was dropped (the writer is behind).
+    fn queue(&self, line: String) -> bool {
         let bytes = line.len() + 1;
         if self.queued.fetch_add(bytes, Ordering::Relaxed) + bytes > MAX_QUEUED_BYTES {
             self.queued.fetch_sub(bytes, Ordering::Relaxed);
@@ -211,14 +289,20 @@ impl Audit {
 /// The writer thread: writes lines as they come, flushes whenever the queue
 /// is empty, reopens when asked, ends on `Close` (or when every sender is gone).
 fn write_lines(
-    first: Result<Box<dyn Write + Send>, String>,
+    first: Result<(Box<dyn Write + Send>, u64), String>,
     mut open: Opener,
+    mut rotate: Option<Rotator>,
     rx: Receiver<Message>,
     queued: &AtomicUsize,
     reopen: &AtomicBool,
 ) {
+    // Bytes in the open file, for its rotation.
+    let mut size = 0;
     let mut out = match first {
-        Ok(out) => Some(std::io::BufWriter::new(out)),
+        Ok((out, held)) => {
+            size = held;
+            Some(std::io::BufWriter::new(out))
+        }
         Err(why) => {
             tracing::error!("audit log: {why}");
             None
@@ -232,8 +316,9 @@ fn write_lines(
                 let _ = old.flush();
             }
             match open() {
-                Ok(new) => {
+                Ok((new, held)) => {
                     out = Some(std::io::BufWriter::new(new));
+                    size = held;
                     tracing::info!("audit log reopened");
                 }
                 Err(why) => tracing::error!(
@@ -250,9 +335,34 @@ fn write_lines(
                         .and_then(|()| out.write_all(b"\n")),
                     None => Err(std::io::Error::other("no file is open")),
                 };
-                if let Err(e) = written {
-                    if let Some(dropped) = failing.take() {
-                        tracing::error!(dropped, "audit log: cannot write a line: {e}");
+                match written {
+                    Ok(()) => size += line.len() as u64 + 1,
+                    Err(e) => {
+                        if let Some(dropped) = failing.take() {
+                            tracing::error!(dropped, "audit log: cannot write a line: {e}");
+                        }
+                    }
+                }
+                if size > MAX_FILE_BYTES {
+                    if let Some(rotate) = rotate.as_mut() {
+                        if let Some(old) = out.as_mut() {
+                            let _ = old.flush();
+                        }
+                        let rotated = rotate().and_then(|()| open());
+                        match rotated {
+                            Ok((new, held)) => {
+                                out = Some(std::io::BufWriter::new(new));
+                                size = held;
+                                tracing::info!(
+                                    "audit log passed {MAX_FILE_BYTES} bytes: moved to .1, a new one begun"
+                                );
+                            }
+                            Err(why) => {
+                                if let Some(dropped) = failing.take() {
+                                    tracing::error!(dropped, "audit log: cannot rotate: {why}");
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -277,7 +387,7 @@ fn write_lines(
 /// Opens `path` to append (creating it, mode 0600), refusing anything but a
 /// regular file (a FIFO would block the writer, a device would take the
 /// lines elsewhere).
-fn open_file(path: &Path) -> Result<Box<dyn Write + Send>, String> {
+fn open_file(path: &Path) -> Result<(Box<dyn Write + Send>, u64), String> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let opened = std::fs::OpenOptions::new()
         .append(true)
@@ -316,7 +426,8 @@ fn open_file(path: &Path) -> Result<Box<dyn Write + Send>, String> {
             return Err(format!("it is {what}, not a regular file"));
         }
     };
-    Ok(Box::new(file))
+    let held = file.metadata().map_or(0, |m| m.len());
+    Ok((Box::new(file), held))
 }
 
 /// The JSON line of `call` (without its newline), within [`MAX_LINE_BYTES`].
@@ -327,7 +438,7 @@ fn encode(call: &Finished<'_>) -> String {
         .get("session")
         .and_then(|s| s.get("session_id"))
         .and_then(Value::as_str)
-        .map(|s| cut(s, MAX_TEXT_BYTES));
+        .map(|s| cut(s, MAX_SESSION_BYTES));
     let mut line = Line {
         time: crate::clock::rfc3339(std::time::SystemTime::now()),
         toolbox: call.toolbox,
@@ -353,6 +464,13 @@ fn encode(call: &Finished<'_>) -> String {
     line.result = None;
     line.truncated = true;
     serde_json::to_string(&line).unwrap_or_default()
+}
+
+/// Where a full audit log is moved: `PATH.1`.
+fn rotated(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".1");
+    PathBuf::from(name)
 }
 
 #[cfg(test)]
@@ -442,6 +560,48 @@ mod tests {
         assert!(line.get("arguments").is_none());
     }
 
+    #[test]
+    fn refusals_are_written_once_a_second_and_counted_and_the_file_rotates() {
+        let dir = std::env::temp_dir().join(format!("toolboxd-audit-bound-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("audit.log");
+        // Already just under its bound: the next lines rotate it.
+        std::fs::write(&path, "x".repeat(MAX_FILE_BYTES as usize - 10)).unwrap();
+        let audit = Audit::open(&path).unwrap();
+        let request = request();
+        let refused = Err("ValueError: Tool input validation failed".to_owned());
+        let mut call = finished(&request, &refused, None);
+        call.outcome = Outcome::Invalid;
+        for _ in 0..1000 {
+            assert!(audit.record(&call));
+        }
+        std::thread::sleep(REFUSAL_EVERY);
+        assert!(audit.record(&call));
+        let ok = Ok(json!({}));
+        assert!(audit.record(&finished(&request, &ok, None)));
+        let audit = Arc::new(audit);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(audit.close());
+        let full = std::fs::metadata(rotated(&path)).unwrap().len();
+        assert!(full > MAX_FILE_BYTES, "the full file was moved to .1");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        // The second refusal's second: the count of the 999 not written,
+        // that refusal, and the call that succeeded.
+        assert_eq!(lines.len(), 3, "{text}");
+        assert_eq!(lines[0]["repeated"], 999);
+        assert_eq!(lines[0]["outcome"], "invalid");
+        assert_eq!(lines[1]["outcome"], "invalid");
+        assert_eq!(lines[2]["outcome"], "ok");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A sink that blocks every write until `gate` is opened, and keeps
     /// what it was given.
     struct Gated {
@@ -479,10 +639,10 @@ mod tests {
         let mut sink = Some(sink);
         let opener: Opener = Box::new(move || {
             sink.take()
-                .map(|s| Box::new(s) as Box<dyn Write + Send>)
+                .map(|s| (Box::new(s) as Box<dyn Write + Send>, 0))
                 .ok_or_else(|| "opened once only".to_owned())
         });
-        let audit = Arc::new(Audit::start(opener, 4));
+        let audit = Arc::new(Audit::start(opener, None, 4));
         let request = request();
         let ok = Ok(json!({}));
         // The first line: the writer takes it and gets stuck writing it out.
