@@ -32,11 +32,13 @@ pub(super) fn log_child_message(toolbox: &str, pid: u32, params: &Value) {
         .get("level")
         .and_then(Value::as_str)
         .unwrap_or("info");
-    let data = params.get("data").cloned().unwrap_or(Value::Null);
-    let text = sanitize(&match &data {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    });
+    // Cut before it is made safe: a child's message is logged as one line
+    // of at most STDERR_LINE_MAX, like its stderr.
+    let text = match params.get("data") {
+        Some(Value::String(s)) => sanitize(crate::throttle::cut(s, STDERR_LINE_MAX)),
+        Some(other) => sanitize(crate::throttle::cut(&other.to_string(), STDERR_LINE_MAX)),
+        None => sanitize("null"),
+    };
     match level {
         "debug" => tracing::debug!(toolbox, pid, "{text}"),
         "info" | "notice" => tracing::info!(toolbox, pid, "{text}"),

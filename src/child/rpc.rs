@@ -546,6 +546,20 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
         if trimmed.is_empty() {
             continue;
         }
+        // A log message too long to log whole is never parsed: a child
+        // sending large ones kept the daemon's thread decoding them.
+        if trimmed.len() > MAX_LOG_MESSAGE_BYTES && is_log_message(trimmed) {
+            if let Some(dropped) = messages.take() {
+                tracing::warn!(
+                    toolbox,
+                    pid,
+                    bytes = trimmed.len(),
+                    dropped,
+                    "child log message not logged: over {MAX_LOG_MESSAGE_BYTES} bytes"
+                );
+            }
+            continue;
+        }
         match mcp::parse_line(trimmed) {
             Ok(Incoming::Response { id, result }) => {
                 let waiter = id.and_then(|id| link.lock_pending().remove(&id));
@@ -621,6 +635,23 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
     };
     // A child that closed stdout or broke framing cannot answer anything more.
     cut_off(&link, why);
+}
+
+/// The longest `notifications/message` line that is parsed and logged.
+const MAX_LOG_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Whether `line` is a `notifications/message` (a method, no id), read
+/// without building its tree.
+fn is_log_message(line: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Peek<'a> {
+        #[serde(borrow, default)]
+        method: Option<std::borrow::Cow<'a, str>>,
+        #[serde(default)]
+        id: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Peek>(line)
+        .is_ok_and(|p| p.id.is_none() && p.method.as_deref() == Some("notifications/message"))
 }
 
 /// Ends a child that broke the protocol: every call on it fails with `why`,

@@ -344,6 +344,37 @@ async fn tools_list_changed_becomes_an_event() {
     assert!(child.events.try_recv().is_err(), "one event only");
 }
 
+#[test]
+fn only_log_messages_are_told_without_parsing_them() {
+    let big = "x".repeat(100);
+    let message = format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{big}"}}}}"#
+    );
+    assert!(super::is_log_message(message.as_bytes()));
+    for other in [
+        r#"{"jsonrpc":"2.0","id":1,"method":"notifications/message"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/progress"}"#,
+        "not json",
+    ] {
+        assert!(!super::is_log_message(other.as_bytes()), "{other}");
+    }
+}
+
+#[tokio::test]
+async fn a_huge_log_message_is_skipped_and_the_child_served_on() {
+    let mut child = start(4 * 1024 * 1024, 64 * 1024);
+    let huge = format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"level":"info","data":"{}"}}}}"#,
+        "y".repeat(1024 * 1024)
+    );
+    child.say(&huge).await;
+    let call = child.call("after a huge message");
+    let request = child.receive().await;
+    child.answer(&request["id"], json!({"ok": true})).await;
+    assert_eq!(result(call).await, Ok(json!({"ok": true})));
+}
+
 #[tokio::test]
 async fn junk_lines_are_ignored() {
     let mut child = start(64 * 1024, 64 * 1024);
