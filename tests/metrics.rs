@@ -287,45 +287,55 @@ fn the_endpoint_answers_only_get_metrics_and_bounds_its_connections() {
         "{status}"
     );
 
-    // Four silent connections hold every slot: a fifth is closed unserved.
-    let held: Vec<TcpStream> = (0..4)
+    // Eight connections that each asked and were answered (keep-alive
+    // scrapers) hold every slot: a ninth is closed unserved.
+    let ask = |s: &mut TcpStream| {
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        s.set_read_timeout(Some(ANSWER_DEADLINE)).unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    };
+    let mut held: Vec<TcpStream> = (0..8)
         .map(|_| TcpStream::connect(addr).expect("connect"))
         .collect();
-    // Each held one is served: the daemon answers a scrape on it.
-    let mut first = held[0].try_clone().unwrap();
-    first
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut buf = [0u8; 64];
-    first.set_read_timeout(Some(ANSWER_DEADLINE)).unwrap();
-    let n = first.read(&mut buf).unwrap();
-    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
-    let mut fifth = TcpStream::connect(addr).expect("connect");
-    fifth.set_read_timeout(Some(ANSWER_DEADLINE)).unwrap();
-    fifth
+    for s in &mut held {
+        ask(s);
+    }
+    let mut ninth = TcpStream::connect(addr).expect("connect");
+    ninth.set_read_timeout(Some(ANSWER_DEADLINE)).unwrap();
+    ninth
         .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
         .ok();
     let mut rest = Vec::new();
-    let read = fifth.read_to_end(&mut rest);
+    let read = ninth.read_to_end(&mut rest);
     assert!(
         read.is_err() || rest.is_empty(),
-        "the fifth was served: {:?}",
+        "the ninth was served: {:?}",
         String::from_utf8_lossy(&rest)
     );
-    // Once they go, scrapes are served again.
     drop(held);
-    drop(first);
-    wait_until(
-        "a scrape after the held connections closed",
-        ANSWER_DEADLINE,
-        || {
-            let mut s = TcpStream::connect(addr).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-            let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-            let mut answer = String::new();
-            let _ = s.read_to_string(&mut answer);
-            answer.starts_with("HTTP/1.1 200")
-        },
+    // Silent connections (slow clients) in every slot: a scraper still gets
+    // one, taken from the oldest of them, which is closed.
+    let mut slow: Vec<TcpStream> = Vec::new();
+    wait_until("eight silent connections held", ANSWER_DEADLINE, || {
+        slow.push(TcpStream::connect(addr).unwrap());
+        slow.len() >= 8
+    });
+    // At once: well before their 5 s header deadline could free a slot.
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "not served: {answer:?}");
+    let oldest = &mut slow[0];
+    oldest.set_read_timeout(Some(ANSWER_DEADLINE)).unwrap();
+    let mut buf = [0u8; 16];
+    assert!(
+        matches!(oldest.read(&mut buf), Ok(0) | Err(_)),
+        "the oldest silent connection was not closed"
     );
 }
 

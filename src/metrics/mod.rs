@@ -9,8 +9,10 @@
 //!
 //! Series are bounded: labels are toolbox ids (from manifests), tool names
 //! the catalog listed (never a name a caller sent) and fixed words; past
-//! [`MAX_TOOL_SERIES`] (toolbox, tool) pairs, further tools are counted under
-//! `tool=""`, so a child that renames its tools without end cannot grow them.
+//! [`MAX_TOOL_SERIES`] (toolbox, tool) pairs, or [`MAX_TOOL_SERIES_PER_TOOLBOX`]
+//! tools of one toolbox, further tools are counted under `tool=""`, so a
+//! child that renames its tools without end cannot grow them, nor take the
+//! other toolboxes' series.
 
 mod live;
 pub mod server;
@@ -29,6 +31,9 @@ use crate::observe::Outcome;
 
 /// Most (toolbox, tool) pairs with series of their own.
 pub const MAX_TOOL_SERIES: usize = 1000;
+/// Most tools of one toolbox with series of their own: a child that renames
+/// its tools at every listing takes no other toolbox's share.
+pub const MAX_TOOL_SERIES_PER_TOOLBOX: usize = 128;
 
 /// Upper bounds of the call duration buckets, in seconds: from a relay's
 /// fraction of a millisecond to the longest deadlines.
@@ -166,7 +171,11 @@ impl Metrics {
             }
         }
         let mut table = self.series.write().unwrap_or_else(|e| e.into_inner());
-        let tool = if table.pairs < MAX_TOOL_SERIES {
+        let own = table
+            .by_toolbox
+            .get(toolbox)
+            .map_or(0, |tools| tools.len() - usize::from(tools.contains_key("")));
+        let tool = if table.pairs < MAX_TOOL_SERIES && own < MAX_TOOL_SERIES_PER_TOOLBOX {
             tool
         } else {
             ""
@@ -254,10 +263,17 @@ mod tests {
     }
 
     #[test]
-    fn tool_series_are_bounded() {
+    fn tool_series_are_bounded_per_toolbox_and_in_all() {
         let m = metrics();
-        for i in 0..MAX_TOOL_SERIES + 50 {
+        // One toolbox renaming its tools: its share, then `tool=""`.
+        for i in 0..MAX_TOOL_SERIES_PER_TOOLBOX + 50 {
             m.call_finished("box", &format!("t{i}"), Outcome::Ok, Duration::ZERO);
+        }
+        // Others keep theirs, up to the bound over all.
+        let others = MAX_TOOL_SERIES - MAX_TOOL_SERIES_PER_TOOLBOX;
+        for i in 0..others {
+            let toolbox = format!("b{}", i / MAX_TOOL_SERIES_PER_TOOLBOX);
+            m.call_finished(&toolbox, &format!("u{i}"), Outcome::Ok, Duration::ZERO);
         }
         m.call_finished("other", "new", Outcome::Error, Duration::ZERO);
         let text = m.encode();
@@ -267,8 +283,13 @@ mod tests {
                 .count()
         };
         assert_eq!(counted("tool=\"t0\""), Outcome::ALL.len());
-        assert_eq!(counted(&format!("tool=\"t{}\"", MAX_TOOL_SERIES)), 0);
+        let first_cut = format!("tool=\"t{MAX_TOOL_SERIES_PER_TOOLBOX}\"");
+        assert_eq!(counted(&first_cut), 0);
         assert!(text.contains("toolboxd_calls_total{toolbox=\"box\",tool=\"\",outcome=\"ok\"} 50"));
+        assert_eq!(
+            counted(&format!("tool=\"u{}\"", others - 1)),
+            Outcome::ALL.len()
+        );
         assert!(
             text.contains("toolboxd_calls_total{toolbox=\"other\",tool=\"\",outcome=\"error\"} 1")
         );
