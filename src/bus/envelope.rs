@@ -81,13 +81,8 @@ impl Message {
                 return Message::from_value(value);
             }
         };
-        let msg_type = match envelope.msg_type {
-            None => return Err(DecodeError::MissingType),
-            Some(Value::String(s)) if !s.is_empty() => s,
-            Some(_) => return Err(DecodeError::BadType),
-        };
         Ok(Message {
-            msg_type,
+            msg_type: message_type(envelope.msg_type)?,
             data: object_or_empty(envelope.data, "data")?,
             context: object_or_empty(envelope.context, "context")?,
         })
@@ -155,13 +150,8 @@ impl Message {
             }
             Some(_) => return Err(DecodeError::NotAnObject("data")),
         };
-        let msg_type = match envelope.msg_type {
-            None => return Err(DecodeError::MissingType),
-            Some(Value::String(s)) if !s.is_empty() => s,
-            Some(_) => return Err(DecodeError::BadType),
-        };
         Ok(Message {
-            msg_type,
+            msg_type: message_type(envelope.msg_type)?,
             data,
             context: object_or_empty(envelope.context, "context")?,
         })
@@ -172,11 +162,7 @@ impl Message {
         let Value::Object(mut obj) = value else {
             return Err(DecodeError::NotObject);
         };
-        let msg_type = match obj.remove("type") {
-            None => return Err(DecodeError::MissingType),
-            Some(Value::String(s)) if !s.is_empty() => s,
-            Some(_) => return Err(DecodeError::BadType),
-        };
+        let msg_type = message_type(obj.remove("type"))?;
         let data = take_object(&mut obj, "data")?;
         let context = take_object(&mut obj, "context")?;
         Ok(Message {
@@ -324,6 +310,15 @@ impl serde::Serialize for ReplyContext<'_> {
 /// A member that is there, whatever its value (null included).
 fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
     <Value as serde::Deserialize>::deserialize(deserializer).map(Some)
+}
+
+/// An envelope's `type`: present, a string, not empty.
+fn message_type(value: Option<Value>) -> Result<String, DecodeError> {
+    match value {
+        None => Err(DecodeError::MissingType),
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        Some(_) => Err(DecodeError::BadType),
+    }
 }
 
 fn take_object(obj: &mut Object, key: &'static str) -> Result<Object, DecodeError> {
