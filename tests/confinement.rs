@@ -421,3 +421,45 @@ async fn a_path_with_dot_dots_under_a_hidden_directory_changes_nothing_outside_t
     assert_eq!(root_mode, 0o755);
     drop(daemon);
 }
+
+#[tokio::test]
+async fn a_state_directory_past_its_bound_stops_the_child_and_its_next_start_says_why() {
+    // 2 GiB written to a state directory in 1.1 s were kept, with no bound.
+    let dir = TempDir::new("confinement-state");
+    let state = TempDir::new("confinement-state-root");
+    dir.write(
+        "box.toml",
+        &attacker(
+            "box",
+            "[limits]\nprobe_interval_s = 1\n[restart]\nmax_restarts = 1\n[sandbox]\nstate_max_mib = 4\n",
+        ),
+    );
+    let daemon = Daemon::start_env(
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+        ],
+        &[("STATE_DIRECTORY", state.path().to_str().unwrap())],
+    );
+    let mut bus = Bus::connect(&daemon.url).await;
+    let own = state.path().join("box/state");
+    let attacks: Vec<(&str, String)> = (0..2)
+        .map(|i| ("shm_fill", own.join(format!("f{i}")).display().to_string()))
+        .collect();
+    let seen = attack(&mut bus, "box", &attacks).await;
+    assert!(
+        attacks
+            .iter()
+            .all(|(k, t)| seen[format!("{k} {t}")] == "ok"),
+        "{seen}"
+    );
+    // Killed at a liveness probe; its restarts are refused, saying why.
+    let row = daemon.wait_for_state("box", "failed", Duration::from_secs(20));
+    assert!(
+        row.to_string()
+            .contains("holds more than state_max_mib = 4 MiB"),
+        "{row}"
+    );
+}

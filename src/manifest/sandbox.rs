@@ -110,6 +110,9 @@ pub struct Sandbox {
     pub tasks_max: u64,
     /// Its descriptor limit (`RLIMIT_NOFILE`).
     pub nofile: u64,
+    /// What its state directory may hold on disk, MiB (0: no bound):
+    /// checked at every start and at every liveness probe.
+    pub state_max_mib: u64,
     /// Whether `memory_max_mib` and `tasks_max` were written in the
     /// manifest: a written limit that cannot be enforced fails the start; a
     /// default one is applied where the machine allows, and reported.
@@ -133,6 +136,7 @@ impl Default for Sandbox {
             memory_max_mib: 512,
             tasks_max: 64,
             nofile: 1024,
+            state_max_mib: 1024,
             limits_declared: false,
         }
     }
@@ -160,13 +164,15 @@ pub(super) struct RawSandbox {
     memory_max_mib: Option<u64>,
     tasks_max: Option<u64>,
     nofile: Option<u64>,
+    state_max_mib: Option<u64>,
 }
 
 /// The `[sandbox]` knobs and their ranges (docs/manifest.md).
-pub const SANDBOX_RANGES: [(&str, u64, u64); 3] = [
+pub const SANDBOX_RANGES: [(&str, u64, u64); 4] = [
     ("memory_max_mib", 0, 1_048_576),
     ("tasks_max", 0, 100_000),
     ("nofile", 16, 1_048_576),
+    ("state_max_mib", 0, 1_048_576),
 ];
 
 /// Most TCP ports `network = "internet"` may name.
@@ -220,6 +226,7 @@ impl RawSandbox {
             ("memory_max_mib", self.memory_max_mib),
             ("tasks_max", self.tasks_max),
             ("nofile", self.nofile),
+            ("state_max_mib", self.state_max_mib),
         ];
         for ((key, min, max), (_, value)) in SANDBOX_RANGES.iter().zip(values) {
             if let Some(v) = value {
@@ -324,6 +331,7 @@ impl RawSandbox {
                 .tasks_max
                 .unwrap_or(defaults.tasks_max + 2 * concurrent_calls as u64),
             nofile: self.nofile.unwrap_or(defaults.nofile),
+            state_max_mib: self.state_max_mib.unwrap_or(defaults.state_max_mib),
         })
     }
 }

@@ -60,6 +60,8 @@ pub enum SandboxError {
     Seccomp(#[from] seccomp::SeccompError),
     #[error("[sandbox] private filesystem view: {0}")]
     Mounts(#[from] mounts::MountError),
+    #[error("[sandbox] {0}")]
+    StateFull(String),
     #[error("[sandbox] {key} {name:?} cannot be found: {why}")]
     Identity {
         key: &'static str,
@@ -193,6 +195,9 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
         })?;
     }
     make_dir(&state_dir, ids, false)?;
+    if let Some(why) = state_over(&state_dir, sandbox.state_max_mib) {
+        return Err(SandboxError::StateFull(why));
+    }
     if !private_view {
         make_dir(&tmp_dir, ids, true)?;
     }
@@ -266,6 +271,67 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
         landlock,
         seccomp,
     }))
+}
+
+/// Most entries of a state directory walked to measure it: more counts as
+/// over its bound (a toolbox's files are its own business, a million of
+/// them is not).
+const STATE_MAX_ENTRIES: u64 = 100_000;
+
+/// The state directory of `manifest`'s toolbox, where it has one.
+pub fn state_dir_of(manifest: &Manifest) -> Option<PathBuf> {
+    (manifest.sandbox.profile == Profile::Standard)
+        .then(|| {
+            state_root()
+                .ok()
+                .map(|root| root.join(&manifest.id).join("state"))
+        })
+        .flatten()
+}
+
+/// Why the state directory `dir` is over `max_mib` (0: no bound), if it is:
+/// the disk space of what is in it (blocks, so a sparse file counts what it
+/// takes), on its own filesystem, links not followed. Blocking: a walk of
+/// up to [`STATE_MAX_ENTRIES`].
+pub fn state_over(dir: &Path, max_mib: u64) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    if max_mib == 0 {
+        return None;
+    }
+    let max = max_mib.saturating_mul(1024 * 1024);
+    let top = std::fs::symlink_metadata(dir).ok()?;
+    let (mut bytes, mut entries) = (0u64, 0u64);
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let Ok(read) = std::fs::read_dir(&path) else {
+            continue;
+        };
+        for entry in read.flatten() {
+            entries += 1;
+            if entries > STATE_MAX_ENTRIES {
+                return Some(format!(
+                    "the toolbox's state directory {} holds more than {STATE_MAX_ENTRIES} \
+                     entries; remove what it does not need",
+                    dir.display()
+                ));
+            }
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            bytes = bytes.saturating_add(meta.blocks().saturating_mul(512));
+            if meta.is_dir() && meta.dev() == top.dev() {
+                pending.push(entry.path());
+            }
+        }
+        if bytes > max {
+            return Some(format!(
+                "the toolbox's state directory {} holds more than state_max_mib = {max_mib} \
+                 MiB; remove what it does not need, or raise state_max_mib in its [sandbox]",
+                dir.display()
+            ));
+        }
+    }
+    None
 }
 
 /// Says once per toolbox, as a warning, which of its default limits this

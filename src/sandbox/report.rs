@@ -94,8 +94,12 @@ pub fn report(manifest: &Manifest) -> (Vec<String>, bool) {
     say(
         true,
         format!(
-            "state directory and private tmp under {}",
-            state_dir(manifest)
+            "state directory and private tmp under {}{}",
+            state_dir(manifest),
+            match sandbox.state_max_mib {
+                0 => String::new(),
+                max => format!("; at most {max} MiB on disk (checked at start and every probe)"),
+            }
         ),
     );
     (lines, ok)

@@ -34,6 +34,7 @@ impl Actor {
 
     /// One liveness probe: `MAX_MISSED_PROBES` missed in a row kill the child.
     pub(super) async fn probe(&self, running: &mut Running) {
+        self.check_state_size(running).await;
         let limit = Duration::from_secs(self.manifest.limits.probe_timeout_s);
         match tokio::time::timeout(limit, running.serving.session.probe()).await {
             // An error answer is still an answer: the child is alive.
@@ -52,6 +53,26 @@ impl Actor {
                     Self::kill(running, why);
                 }
             }
+        }
+    }
+
+    /// Kills the child whose state directory passed its `state_max_mib`
+    /// (measured off the runtime's thread, within the probe's timeout): its
+    /// next start is refused, saying why, until the directory is emptied.
+    async fn check_state_size(&self, running: &mut Running) {
+        let max = self.manifest.sandbox.state_max_mib;
+        let Some(dir) = crate::sandbox::state_dir_of(&self.manifest).filter(|_| max > 0) else {
+            return;
+        };
+        let limit = Duration::from_secs(self.manifest.limits.probe_timeout_s);
+        let measured = tokio::task::spawn_blocking(move || crate::sandbox::state_over(&dir, max));
+        if let Ok(Ok(Some(why))) = tokio::time::timeout(limit, measured).await {
+            tracing::error!(
+                toolbox = self.id(),
+                pid = running.child.pid(),
+                "{why}; killing the child"
+            );
+            Self::kill(running, why);
         }
     }
 }
