@@ -74,7 +74,9 @@ fn validator(schema: &Value) -> Result<jsonschema::Validator, String> {
         ));
     }
     jsonschema::options()
-        .with_pattern_options(jsonschema::PatternOptions::regex())
+        // A compiled pattern of at most 256 KiB: what matching may cost
+        // grows with it.
+        .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(256 * 1024))
         .build(schema)
         .map_err(|e| format!("does not compile: {e} (patterns use the regex crate's syntax: no look-around or back-references)"))
 }

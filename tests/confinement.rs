@@ -216,10 +216,19 @@ async fn a_toolbox_of_a_daemon_that_is_not_root_cannot_set_the_daemons_limits_or
     }
     let nobody = nix::unistd::User::from_name("nobody").unwrap().unwrap();
     let ids = (nobody.uid.as_raw(), nobody.gid.as_raw());
+    // The control socket's directory is named, so that the toolbox's own
+    // view keeps it visible and the peer check is what refuses it.
+    let control_dir = TempDir::new("confinement-user-ctl");
+    std::os::unix::fs::chown(control_dir.path(), Some(ids.0), Some(ids.1)).unwrap();
+    let control = control_dir.path().join("ctl.sock");
     let dir = TempDir::new("confinement-user");
     dir.write(
         "box.toml",
-        &attacker("box", "").replace("command = \"python3\"", "command = \"/usr/bin/python3\""),
+        &attacker(
+            "box",
+            &format!("[sandbox]\nread_only = [{:?}]\n", control_dir.path()),
+        )
+        .replace("command = \"python3\"", "command = \"/usr/bin/python3\""),
     );
     let state = TempDir::new("confinement-user-state");
     std::os::unix::fs::chown(state.path(), Some(ids.0), Some(ids.1)).unwrap();
@@ -230,6 +239,8 @@ async fn a_toolbox_of_a_daemon_that_is_not_root_cannot_set_the_daemons_limits_or
             dir.path().to_str().unwrap(),
             "--embedded-bus",
             "127.0.0.1:0",
+            "--control",
+            control.to_str().unwrap(),
         ],
         &[("STATE_DIRECTORY", state.path().to_str().unwrap())],
         "ready",
@@ -266,6 +277,20 @@ async fn a_toolbox_of_a_daemon_that_is_not_root_cannot_set_the_daemons_limits_or
             .contains("shared with every toolbox"),
         "{row}"
     );
+    // Its own view of the filesystem, in a user namespace of the daemon's
+    // user that it left with no capability.
+    assert!(
+        row["sandbox"].to_string().contains("in a user namespace"),
+        "{row}"
+    );
+    let child = seen["pid"].as_u64().unwrap();
+    let status = std::fs::read_to_string(format!("/proc/{child}/status")).unwrap();
+    for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            status.contains(&format!("{set}:\t0000000000000000\n")),
+            "{set}: {status}"
+        );
+    }
     // Its grandchild leaves the tree (setsid, its parent gone) and, the
     // same user as the daemon, reaches the control socket: refused.
     let line = json!({"jsonrpc": "2.0", "id": 1, "method": "logs", "params": {"id": "box"}});

@@ -533,7 +533,16 @@ async fn client(
             };
             let Some(frame) = frame else { return };
             tcp::quickack(&fd);
-            Wire::settle(&unfinished, &clients.partial);
+            match &frame {
+                // A ping or pong may come between the fragments of a
+                // message, which stays unfinished: only the control
+                // frame's own bytes (a masked client frame: 6 + payload)
+                // are given back.
+                Ok(WsMessage::Ping(payload) | WsMessage::Pong(payload)) => {
+                    Wire::release(&unfinished, &clients.partial, 6 + payload.len())
+                }
+                _ => Wire::settle(&unfinished, &clients.partial),
+            }
             match frame {
                 Ok(WsMessage::Text(text)) => clients.broadcast(&text, false).await,
                 Ok(WsMessage::Close(_)) => return,

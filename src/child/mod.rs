@@ -506,6 +506,7 @@ fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
         Some(plan) if plan.changes_user() && !user_change_keeps_memory_private() => {
             exec::Memory::Copied
         }
+        Some(plan) if plan.in_user_namespace() => exec::Memory::Copied,
         _ => exec::Memory::Shared,
     };
     let spawned = exec::spawn(&command, &steps(sandbox.as_ref()), memory, target);

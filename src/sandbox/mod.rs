@@ -135,6 +135,9 @@ pub struct Plan {
     /// The highest capability number, for dropping the bounding set;
     /// `None` when the daemon cannot (no `CAP_SETPCAP`).
     last_capability: Option<u32>,
+    /// The highest capability number, for a child that leaves a user
+    /// namespace of its own (where it holds every capability) with none.
+    cap_last: u32,
     /// Its network level, in words.
     network: String,
     /// Its `RLIMIT_NOFILE`.
@@ -262,6 +265,7 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
         env,
         identity,
         last_capability: identity::can_drop_bounding_set().then(identity::last_capability),
+        cap_last: identity::last_capability(),
         network: network_words(sandbox).1,
         nofile: sandbox.nofile as libc::rlim_t,
         state_dir,
@@ -611,6 +615,12 @@ impl Plan {
         self.identity.ids().is_some()
     }
 
+    /// Whether the child makes a user namespace of its own: it must have a
+    /// copy of the daemon's memory, which it marks dumpable for a moment.
+    pub fn in_user_namespace(&self) -> bool {
+        self.view.as_ref().is_some_and(|v| v.in_user_namespace())
+    }
+
     /// The child's whole environment (nothing of the daemon's).
     pub fn env(&self) -> &[(OsString, OsString)] {
         &self.env
@@ -653,6 +663,12 @@ impl Plan {
             // Its own view of the filesystem, while it may still mount.
             if let Some(view) = &self.view {
                 view.apply_in_child()?;
+                if view.in_user_namespace() {
+                    // Every capability of the user namespace it made: none
+                    // may stay for what it runs.
+                    identity::drop_bounding_set(self.cap_last)?;
+                    identity::drop_capabilities()?;
+                }
             }
             if let Some((uid, gid)) = self.identity.ids() {
                 // The bounding set first, while CAP_SETPCAP is still held;

@@ -85,6 +85,8 @@ pub struct Prepared {
     trees: Vec<AtomicI32>,
     /// The private tmpfs mounts' paths, for the child's Landlock rules.
     pub writable: Vec<CString>,
+    /// The user namespace's maps, when the daemon is not root.
+    user_namespace: Option<UserMaps>,
     /// What it holds, in words.
     pub words: String,
 }
@@ -213,15 +215,30 @@ pub fn prepare(
             .collect::<Vec<_>>()
             .join(" and ")
     );
+    let user_namespace = match availability() {
+        Ok(How::UserNamespace) => Some(UserMaps::of_daemon()),
+        _ => None,
+    };
+    let words = match user_namespace {
+        Some(_) => format!("{words}, in a user namespace of the daemon's user"),
+        None => words,
+    };
     Ok(Prepared {
         steps,
         trees,
         writable,
+        user_namespace,
         words,
     })
 }
 
 impl Prepared {
+    /// Whether the child makes a user namespace (and must then leave it
+    /// with no capability, and may have its memory marked dumpable).
+    pub fn in_user_namespace(&self) -> bool {
+        self.user_namespace.is_some()
+    }
+
     /// Makes the view, in the child before its exec and before it drops
     /// root: a new mount namespace, then the steps. Only system calls.
     pub fn apply_in_child(&self) -> io::Result<()> {
@@ -241,7 +258,10 @@ impl Prepared {
         // SAFETY: system calls on C strings prepared before the child
         // started (or literals), which outlive them.
         let made = unsafe {
-            check(libc::unshare(libc::CLONE_NEWNS))?;
+            match &self.user_namespace {
+                Some(maps) => maps.enter()?,
+                None => check(libc::unshare(libc::CLONE_NEWNS))?,
+            }
             for step in &self.steps {
                 match step {
                     Step::Private => check(libc::mount(
@@ -338,35 +358,116 @@ impl Prepared {
     }
 }
 
-/// Whether the daemon can make a private view here, or why not: it must be
-/// root, and its own confinement must let it make a mount namespace and
+/// How the daemon makes a child's private view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum How {
+    /// A mount namespace, as root.
+    Root,
+    /// A user namespace that maps the daemon's own user (and nothing
+    /// else), and a mount namespace in it: a daemon that is not root, on a
+    /// kernel that lets users make them. The child leaves it with no
+    /// capability.
+    UserNamespace,
+}
+
+/// Whether the daemon can make a private view here, and how, or why not:
+/// as root, when its own confinement lets it make a mount namespace and
 /// mount in it (a systemd unit with `RestrictNamespaces=yes` or
-/// `SystemCallFilter=~@mount` does not). Probed once, in a throwaway child.
-pub fn availability() -> Result<(), &'static str> {
-    static AVAILABLE: std::sync::OnceLock<Result<(), &'static str>> = std::sync::OnceLock::new();
+/// `SystemCallFilter=~@mount` does not); as another user, when the kernel
+/// lets it make a user namespace too (Ubuntu 24.04 and later restrict
+/// them). Probed once, in a throwaway child.
+pub fn availability() -> Result<How, &'static str> {
+    static AVAILABLE: std::sync::OnceLock<Result<How, &'static str>> = std::sync::OnceLock::new();
     *AVAILABLE.get_or_init(|| {
-        if !nix::unistd::geteuid().is_root() {
-            return Err(
-                "the daemon is not root, so it makes no mount namespace: /tmp and \
-                        /dev/shm are shared, and the unix sockets under /run are reachable to \
-                        the toolbox's user",
-            );
+        if nix::unistd::geteuid().is_root() {
+            return match probe(None) {
+                Ok(()) => Ok(How::Root),
+                Err(_) => Err(
+                    "the daemon cannot make a mount namespace (its own confinement refuses \
+                     unshare or mount: systemd's RestrictNamespaces= or SystemCallFilter=, or \
+                     no CAP_SYS_ADMIN): /tmp and /dev/shm are shared, and the unix sockets \
+                     under /run are reachable to the toolbox's user",
+                ),
+            };
         }
-        if probe().is_err() {
-            return Err(
-                "the daemon cannot make a mount namespace (its own confinement refuses \
-                        unshare or mount: systemd's RestrictNamespaces= or SystemCallFilter=, or \
-                        no CAP_SYS_ADMIN): /tmp and /dev/shm are shared, and the unix sockets \
-                        under /run are reachable to the toolbox's user",
-            );
+        match probe(Some(UserMaps::of_daemon())) {
+            Ok(()) => Ok(How::UserNamespace),
+            Err(_) => Err(
+                "the daemon is not root and cannot make a user namespace here (the kernel, or \
+                 its confinement, refuses them): /tmp and /dev/shm are shared, and the unix \
+                 sockets under /run are reachable to the toolbox's user",
+            ),
         }
-        Ok(())
     })
 }
 
-/// Makes a mount namespace and a tmpfs in it, in a child that then runs
-/// `true`: what a private view needs, tried once.
-fn probe() -> io::Result<()> {
+/// The lines a user namespace's maps get: the daemon's own uid and gid,
+/// mapped to themselves, and nothing else.
+#[derive(Debug)]
+pub struct UserMaps {
+    uid_map: CString,
+    gid_map: CString,
+}
+
+impl UserMaps {
+    fn of_daemon() -> UserMaps {
+        let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+        // Digits and spaces only: no NUL.
+        let line = |id: u32| CString::new(format!("{id} {id} 1")).unwrap_or_default();
+        UserMaps {
+            uid_map: line(uid.as_raw()),
+            gid_map: line(gid.as_raw()),
+        }
+    }
+
+    /// In the child: a new user namespace and mount namespace, the maps
+    /// written. Only system calls.
+    fn enter(&self) -> io::Result<()> {
+        // SAFETY: system calls on C strings made before the child started.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The daemon keeps itself undumpable, which makes a child's own
+            // /proc files root's: dumpable while it writes its maps (this
+            // child has a copy of the daemon's memory: `in_user_namespace`),
+            // and not after.
+            libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0);
+            let written = write_file(c"/proc/self/setgroups", c"deny")
+                .and_then(|()| write_file(c"/proc/self/uid_map", &self.uid_map))
+                .and_then(|()| write_file(c"/proc/self/gid_map", &self.gid_map));
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+            written
+        }
+    }
+}
+
+/// Writes `text` to the file at `path` (a /proc map). Only system calls.
+///
+/// # Safety
+/// None beyond the calls': both are NUL-terminated and outlive them.
+unsafe fn write_file(path: &std::ffi::CStr, text: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: as the function says.
+    unsafe {
+        let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let bytes = text.to_bytes();
+        let written = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        let error = io::Error::last_os_error();
+        libc::close(fd);
+        if written != bytes.len() as isize {
+            return Err(error);
+        }
+    }
+    Ok(())
+}
+
+/// Makes a mount namespace (in a user namespace with `maps`) and a tmpfs in
+/// it, in a child that then runs `true`: what a private view needs, tried
+/// once.
+fn probe(maps: Option<UserMaps>) -> io::Result<()> {
     use std::os::unix::process::CommandExt;
     let mut command = std::process::Command::new("/bin/true");
     command
@@ -375,11 +476,17 @@ fn probe() -> io::Result<()> {
         .stderr(std::process::Stdio::null());
     // SAFETY: between fork and exec, only system calls on literals.
     unsafe {
-        command.pre_exec(|| {
+        command.pre_exec(move || {
             let null = std::ptr::null::<libc::c_char>();
             let private = libc::MS_REC | libc::MS_PRIVATE;
-            if libc::unshare(libc::CLONE_NEWNS) != 0
-                || libc::mount(null, c"/".as_ptr(), null, private, std::ptr::null()) != 0
+            match &maps {
+                Some(maps) => maps.enter()?,
+                None if libc::unshare(libc::CLONE_NEWNS) != 0 => {
+                    return Err(io::Error::last_os_error())
+                }
+                None => {}
+            }
+            if libc::mount(null, c"/".as_ptr(), null, private, std::ptr::null()) != 0
                 || libc::mount(
                     c"tmpfs".as_ptr(),
                     c"/tmp".as_ptr(),

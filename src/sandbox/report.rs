@@ -49,7 +49,7 @@ pub fn report(manifest: &Manifest) -> (Vec<String>, bool) {
     let (holds, words) = super::network_words(sandbox);
     say(holds, words);
     match super::mounts::availability() {
-        Ok(()) => say(
+        Ok(_) => say(
             true,
             "filesystem view: private /tmp and /dev/shm (tmpfs), /run hidden but for the paths \
              the manifest names (mount namespace)"

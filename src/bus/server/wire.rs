@@ -99,6 +99,17 @@ impl Wire {
         Some((self.write.take()?, rx))
     }
 
+    /// A control frame of `n` bytes was read whole: those bytes are no
+    /// longer counted (what else is unfinished still is).
+    pub(super) fn release(unfinished: &AtomicUsize, partial: &AtomicUsize, n: usize) {
+        let mut taken = 0;
+        let _ = unfinished.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+            taken = held.min(n);
+            Some(held - taken)
+        });
+        partial.fetch_sub(taken, Ordering::Relaxed);
+    }
+
     /// A message ended: what it took is no longer counted.
     pub(super) fn settle(unfinished: &AtomicUsize, partial: &AtomicUsize) {
         partial.fetch_sub(unfinished.swap(0, Ordering::Relaxed), Ordering::Relaxed);
