@@ -15,18 +15,24 @@ pub mod identity;
 pub mod landlock;
 pub mod limits;
 pub mod mounts;
+mod network;
 mod report;
 pub mod seccomp;
+mod state_dir;
 
 pub use identity::Identity;
+use network::network;
+pub(crate) use network::network_words;
 pub use report::report;
+use state_dir::make_dir;
+pub use state_dir::{state_dir_of, state_over, state_root};
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use nix::sys::resource::Resource;
 
-use crate::manifest::{Manifest, Network, Profile, Sandbox, SocketKind};
+use crate::manifest::{Manifest, Profile};
 
 /// The variable that tells a child where its state directory is.
 pub const STATE_DIR_VAR: &str = "TOOLBOXD_STATE_DIR";
@@ -96,32 +102,6 @@ impl SandboxError {
             _ => return false,
         };
         crate::child::is_shortage(source)
-    }
-}
-
-/// Where the daemon keeps its toolboxes' state: `$STATE_DIRECTORY` (set by
-/// systemd's `StateDirectory=`), else `/var/lib/toolboxd` for root, else
-/// `$XDG_STATE_HOME/toolboxd` or `~/.local/state/toolboxd`.
-pub fn state_root() -> Result<PathBuf, SandboxError> {
-    if let Some(dirs) = std::env::var_os("STATE_DIRECTORY") {
-        // systemd gives a colon-separated list when several are configured.
-        if let Some(first) = dirs.to_string_lossy().split(':').next() {
-            if !first.is_empty() {
-                return Ok(PathBuf::from(first));
-            }
-        }
-    }
-    if nix::unistd::geteuid().is_root() {
-        return Ok(PathBuf::from("/var/lib/toolboxd"));
-    }
-    if let Some(state) = std::env::var_os("XDG_STATE_HOME").filter(|s| !s.is_empty()) {
-        return Ok(PathBuf::from(state).join("toolboxd"));
-    }
-    match std::env::var_os("HOME").filter(|s| !s.is_empty()) {
-        Some(home) => Ok(PathBuf::from(home).join(".local/state/toolboxd")),
-        None => Err(SandboxError::NoStateRoot(
-            "neither STATE_DIRECTORY, XDG_STATE_HOME nor HOME is set".to_owned(),
-        )),
     }
 }
 
@@ -277,67 +257,6 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
     }))
 }
 
-/// Most entries of a state directory walked to measure it: more counts as
-/// over its bound (a toolbox's files are its own business, a million of
-/// them is not).
-const STATE_MAX_ENTRIES: u64 = 100_000;
-
-/// The state directory of `manifest`'s toolbox, where it has one.
-pub fn state_dir_of(manifest: &Manifest) -> Option<PathBuf> {
-    (manifest.sandbox.profile == Profile::Standard)
-        .then(|| {
-            state_root()
-                .ok()
-                .map(|root| root.join(&manifest.id).join("state"))
-        })
-        .flatten()
-}
-
-/// Why the state directory `dir` is over `max_mib` (0: no bound), if it is:
-/// the disk space of what is in it (blocks, so a sparse file counts what it
-/// takes), on its own filesystem, links not followed. Blocking: a walk of
-/// up to [`STATE_MAX_ENTRIES`].
-pub fn state_over(dir: &Path, max_mib: u64) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    if max_mib == 0 {
-        return None;
-    }
-    let max = max_mib.saturating_mul(1024 * 1024);
-    let top = std::fs::symlink_metadata(dir).ok()?;
-    let (mut bytes, mut entries) = (0u64, 0u64);
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(path) = pending.pop() {
-        let Ok(read) = std::fs::read_dir(&path) else {
-            continue;
-        };
-        for entry in read.flatten() {
-            entries += 1;
-            if entries > STATE_MAX_ENTRIES {
-                return Some(format!(
-                    "the toolbox's state directory {} holds more than {STATE_MAX_ENTRIES} \
-                     entries; remove what it does not need",
-                    dir.display()
-                ));
-            }
-            let Ok(meta) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            bytes = bytes.saturating_add(meta.blocks().saturating_mul(512));
-            if meta.is_dir() && meta.dev() == top.dev() {
-                pending.push(entry.path());
-            }
-        }
-        if bytes > max {
-            return Some(format!(
-                "the toolbox's state directory {} holds more than state_max_mib = {max_mib} \
-                 MiB; remove what it does not need, or raise state_max_mib in its [sandbox]",
-                dir.display()
-            ));
-        }
-    }
-    None
-}
-
 /// Says once per toolbox, as a warning, which of its default limits this
 /// machine does not enforce (a daemon that is not root, or no cgroup
 /// controller): the `toolbox ready` line and status say it at every start.
@@ -379,64 +298,6 @@ fn reachable(manifest: &Manifest, uid: u32, gid: u32) -> Result<(), SandboxError
         .collect();
     needed.extend(scripts.iter().map(|path| (path.as_path(), false)));
     identity::check_reachable(uid, gid, &needed)
-}
-
-/// What the child's TCP and sockets may do, from its `network`, `ports`
-/// and `sockets`.
-fn network(sandbox: &Sandbox) -> (landlock::Tcp, seccomp::Sockets) {
-    let has = |kind| sandbox.sockets.contains(&kind);
-    let ip = |tcp_restricted| seccomp::Sockets::Ip {
-        netlink: has(SocketKind::Netlink),
-        packet: has(SocketKind::Packet),
-        raw: has(SocketKind::Raw),
-        tcp_restricted,
-    };
-    match sandbox.network {
-        Network::Full => (landlock::Tcp::Open, ip(false)),
-        // The default level on a kernel that cannot hold it: open, and
-        // said so ([`network_words`]); a written one fails the start.
-        Network::Internet if !sandbox.network_declared && !landlock::support().network() => {
-            (landlock::Tcp::Open, ip(false))
-        }
-        Network::Internet => (landlock::Tcp::ConnectTo(sandbox.ports.clone()), ip(true)),
-        Network::None => (landlock::Tcp::Closed, seccomp::Sockets::UnixOnly),
-    }
-}
-
-/// What the child's network is, in words, for logs, status and `check
-/// --sandbox`: the level, and whether it holds here.
-pub(crate) fn network_words(sandbox: &Sandbox) -> (bool, String) {
-    let level = sandbox.network.as_str();
-    let lock = landlock::support();
-    match sandbox.network {
-        Network::Full => (
-            true,
-            "network = full: every address, the bus and local services included".to_owned(),
-        ),
-        Network::Internet if !lock.network() => (
-            !sandbox.network_declared,
-            format!(
-                "network = {level}{}: not enforced ({lock}); the child may reach every address",
-                if sandbox.network_declared {
-                    ""
-                } else {
-                    " (default)"
-                },
-            ),
-        ),
-        Network::Internet => (
-            true,
-            format!(
-                "network = {level}: TCP to ports {} only, no listening (Landlock; UDP is not \
-                 governed)",
-                report::ports(&sandbox.ports)
-            ),
-        ),
-        Network::None => (
-            lock.network() && seccomp::support().arch().is_ok(),
-            format!("network = {level}: no IP socket (seccomp), no TCP (Landlock)"),
-        ),
-    }
 }
 
 /// Where processes share memory and locks (`/run/shm` is a link to
@@ -512,36 +373,6 @@ fn shebang(program: &Path) -> Option<PathBuf> {
 
 fn canonical(path: &Path) -> PathBuf {
     std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned())
-}
-
-/// Makes `dir` (mode 0700, owned by the child's user); `fresh` empties it first.
-fn make_dir(
-    dir: &Path,
-    ids: Option<(libc::uid_t, libc::gid_t)>,
-    fresh: bool,
-) -> Result<(), SandboxError> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let fail = |source| SandboxError::Dir {
-        path: dir.to_owned(),
-        source,
-    };
-    if fresh {
-        match std::fs::remove_dir_all(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(fail(e)),
-        }
-    }
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(fail)?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(fail)?;
-    if let Some((uid, gid)) = ids {
-        std::os::unix::fs::chown(dir, Some(uid), Some(gid)).map_err(fail)?;
-    }
-    Ok(())
 }
 
 /// The child's environment: the `env_pass` variables the daemon has (never
