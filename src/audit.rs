@@ -213,17 +213,24 @@ impl Audit {
             window.since = Some(now);
             let repeated = std::mem::take(&mut window.repeated);
             drop(all);
-            if repeated > 0 {
-                let line = Repeated {
-                    time: crate::clock::rfc3339(std::time::SystemTime::now()),
-                    outcome: call.outcome.name(),
-                    repeated,
-                    note: "refusals of this outcome not written in the second before (one a second is)",
-                };
-                self.queue(serde_json::to_string(&line).unwrap_or_default());
-            }
+            self.queue_repeated(call.outcome.name(), repeated);
         }
         self.queue(encode(call))
+    }
+
+    /// Queues the count of `repeated` refusals of `outcome` not written.
+    fn queue_repeated(&self, outcome: &str, repeated: u64) {
+        if repeated == 0 {
+            return;
+        }
+        let line = Repeated {
+            time: crate::clock::rfc3339(std::time::SystemTime::now()),
+            outcome,
+            repeated,
+            note: "refusals of this outcome not written since the last one that was (one a \
+                   second is)",
+        };
+        self.queue(serde_json::to_string(&line).unwrap_or_default());
     }
 
     /// Queues one line; `false` when it was dropped (the writer is behind).
@@ -269,6 +276,22 @@ impl Audit {
     /// Writes what is queued and stops the writer (waits at most a few
     /// seconds, off the runtime's thread).
     pub async fn close(self: Arc<Self>) {
+        // The counts no later refusal carried out: written before the end.
+        let pending: Vec<u64> = {
+            let mut all = self.refusals.lock().unwrap_or_else(|e| e.into_inner());
+            all.iter_mut()
+                .map(|w| std::mem::take(&mut w.repeated))
+                .collect()
+        };
+        for (outcome, repeated) in [
+            crate::observe::Outcome::Invalid,
+            crate::observe::Outcome::Busy,
+        ]
+        .iter()
+        .zip(pending)
+        {
+            self.queue_repeated(outcome.name(), repeated);
+        }
         let closing = tokio::task::spawn_blocking(move || {
             if self.tx.send(Message::Close).is_err() {
                 return;
@@ -599,6 +622,25 @@ mod tests {
         assert_eq!(lines[0]["outcome"], "invalid");
         assert_eq!(lines[1]["outcome"], "invalid");
         assert_eq!(lines[2]["outcome"], "ok");
+        // A burst that no later refusal follows: its count at close.
+        let audit = Audit::open(&path).unwrap();
+        let mut busy = finished(&request, &refused, None);
+        busy.outcome = Outcome::Busy;
+        for _ in 0..5 {
+            assert!(audit.record(&busy));
+        }
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(Arc::new(audit).close());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+        assert_eq!(
+            (&last["outcome"], &last["repeated"]),
+            (&json!("busy"), &json!(4)),
+            "{text}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

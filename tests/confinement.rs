@@ -51,6 +51,24 @@ fn stat_field(pid: u32, n: usize) -> String {
     rest.split_whitespace().nth(n - 3).unwrap().to_owned()
 }
 
+/// The daemon `pid`'s keeper: its child running `toolboxd __keeper`.
+fn keeper_of(pid: u32) -> u32 {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&p| {
+            let parent = std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                });
+            let cmdline = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            parent == Some(pid) && String::from_utf8_lossy(&cmdline).contains("__keeper")
+        })
+        .expect("the daemon has a keeper")
+}
+
 /// Whether `path` has the extended attribute `name`.
 fn has_xattr(path: &std::path::Path, name: &str) -> bool {
     let path = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
@@ -248,6 +266,10 @@ async fn a_toolbox_of_a_daemon_that_is_not_root_cannot_set_the_daemons_limits_or
     let mut bus = Bus::connect(&daemon.url).await;
     let pid = daemon.pid();
     let cpu = limit(pid, "Max cpu time");
+    // The keeper, which kills what a toolbox left when the daemon dies:
+    // disarming its limits let a grandchild outlive the daemon.
+    let keeper = keeper_of(pid);
+    let keeper_cpu = limit(keeper, "Max cpu time");
     let attacks = [
         ("prlimit_cpu", pid.to_string()),
         ("prlimit_nofile", pid.to_string()),
@@ -255,6 +277,9 @@ async fn a_toolbox_of_a_daemon_that_is_not_root_cannot_set_the_daemons_limits_or
         ("sched_idle", pid.to_string()),
         ("kill", pid.to_string()),
         ("shmget", String::new()),
+        ("prlimit_cpu", keeper.to_string()),
+        ("prlimit_nofile", keeper.to_string()),
+        ("kill", keeper.to_string()),
     ];
     let seen = attack(&mut bus, "box", &attacks).await;
     // The same user as the daemon: the kernel would allow each of these;
@@ -268,6 +293,11 @@ async fn a_toolbox_of_a_daemon_that_is_not_root_cannot_set_the_daemons_limits_or
         );
     }
     assert_eq!(limit(pid, "Max cpu time"), cpu);
+    assert_eq!(
+        limit(keeper, "Max cpu time"),
+        keeper_cpu,
+        "the keeper's RLIMIT_CPU"
+    );
     assert_eq!(stat_field(pid, 19), "0", "the daemon's nice value");
     assert_eq!(stat_field(pid, 41), "0", "the daemon's scheduling policy");
     let row = daemon.status("box");
