@@ -546,19 +546,49 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
         if trimmed.is_empty() {
             continue;
         }
-        // A log message too long to log whole is never parsed: a child
-        // sending large ones kept the daemon's thread decoding them.
-        if trimmed.len() > MAX_LOG_MESSAGE_BYTES && is_log_message(trimmed) {
-            if let Some(dropped) = messages.take() {
-                tracing::warn!(
-                    toolbox,
-                    pid,
-                    bytes = trimmed.len(),
-                    dropped,
-                    "child log message not logged: over {MAX_LOG_MESSAGE_BYTES} bytes"
-                );
+        // A long line is built into a tree only when it is an answer some
+        // call waits for: a child sending large notifications, requests or
+        // stray answers kept the daemon's thread decoding them.
+        if trimmed.len() > MAX_LOG_MESSAGE_BYTES {
+            match peek_long(trimmed) {
+                LongLine::Notification(method) if method == "notifications/message" => {
+                    if let Some(dropped) = messages.take() {
+                        tracing::warn!(
+                            toolbox,
+                            pid,
+                            bytes = trimmed.len(),
+                            dropped,
+                            "child log message not logged: over {MAX_LOG_MESSAGE_BYTES} bytes"
+                        );
+                    }
+                    continue;
+                }
+                LongLine::Notification(method) => {
+                    tracing::debug!(toolbox, pid, %method, bytes = trimmed.len(), "long notification ignored");
+                    continue;
+                }
+                LongLine::Request(id) => {
+                    tracing::debug!(
+                        toolbox,
+                        pid,
+                        bytes = trimmed.len(),
+                        "long child request refused"
+                    );
+                    let refusal = (mcp::METHOD_NOT_FOUND, "toolboxd does not offer this method");
+                    link.send(mcp::response_line(&id, Err(refusal)));
+                    continue;
+                }
+                LongLine::Answer(Some(id)) if !link.lock_pending().contains_key(&id) => {
+                    tracing::debug!(
+                        toolbox,
+                        pid,
+                        id,
+                        "long answer to a request nobody waits for, ignored"
+                    );
+                    continue;
+                }
+                LongLine::Answer(_) | LongLine::Unreadable => {}
             }
-            continue;
         }
         match mcp::parse_line(trimmed) {
             Ok(Incoming::Response { id, result }) => {
@@ -640,18 +670,42 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
 /// The longest `notifications/message` line that is parsed and logged.
 const MAX_LOG_MESSAGE_BYTES: usize = 64 * 1024;
 
-/// Whether `line` is a `notifications/message` (a method, no id), read
-/// without building its tree.
-fn is_log_message(line: &[u8]) -> bool {
+/// What a long line from a child is, read without building its tree.
+#[derive(Debug, PartialEq)]
+enum LongLine {
+    /// A notification (a method, no id).
+    Notification(String),
+    /// A request to toolboxd (a method and an id): refused unread.
+    Request(Value),
+    /// An answer (an id, no method): its id, if toolboxd could have sent it.
+    Answer(Option<u64>),
+    /// Not readable so: parsed as any line, for the error it has.
+    Unreadable,
+}
+
+fn peek_long(line: &[u8]) -> LongLine {
     #[derive(serde::Deserialize)]
     struct Peek<'a> {
         #[serde(borrow, default)]
         method: Option<std::borrow::Cow<'a, str>>,
         #[serde(default)]
-        id: Option<serde::de::IgnoredAny>,
+        id: Option<Value>,
     }
-    serde_json::from_slice::<Peek>(line)
-        .is_ok_and(|p| p.id.is_none() && p.method.as_deref() == Some("notifications/message"))
+    match serde_json::from_slice::<Peek>(line) {
+        Ok(Peek {
+            method: Some(method),
+            id: None,
+        }) => LongLine::Notification(method.into_owned()),
+        Ok(Peek {
+            method: Some(_),
+            id: Some(id),
+        }) => LongLine::Request(id),
+        Ok(Peek {
+            method: None,
+            id: Some(id),
+        }) => LongLine::Answer(id.as_u64()),
+        _ => LongLine::Unreadable,
+    }
 }
 
 /// Ends a child that broke the protocol: every call on it fails with `why`,

@@ -345,20 +345,45 @@ async fn tools_list_changed_becomes_an_event() {
 }
 
 #[test]
-fn only_log_messages_are_told_without_parsing_them() {
-    let big = "x".repeat(100);
-    let message = format!(
-        r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"data":"{big}"}}}}"#
+fn long_lines_are_told_apart_without_parsing_them() {
+    use super::{peek_long, LongLine};
+    let message = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"x"}}"#;
+    assert_eq!(
+        peek_long(message.as_bytes()),
+        LongLine::Notification("notifications/message".into())
     );
-    assert!(super::is_log_message(message.as_bytes()));
-    for other in [
-        r#"{"jsonrpc":"2.0","id":1,"method":"notifications/message"}"#,
-        r#"{"jsonrpc":"2.0","id":1,"result":{}}"#,
-        r#"{"jsonrpc":"2.0","method":"notifications/progress"}"#,
-        "not json",
-    ] {
-        assert!(!super::is_log_message(other.as_bytes()), "{other}");
-    }
+    assert_eq!(
+        peek_long(br#"{"jsonrpc":"2.0","id":"a","method":"sampling/createMessage"}"#),
+        LongLine::Request(json!("a"))
+    );
+    assert_eq!(
+        peek_long(br#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
+        LongLine::Answer(Some(7))
+    );
+    assert_eq!(
+        peek_long(br#"{"jsonrpc":"2.0","id":"x","result":{}}"#),
+        LongLine::Answer(None)
+    );
+    assert_eq!(peek_long(b"not json"), LongLine::Unreadable);
+}
+
+#[tokio::test]
+async fn a_long_request_from_the_child_is_refused_unread_and_a_long_answer_still_lands() {
+    let mut child = start(4 * 1024 * 1024, 64 * 1024);
+    let pad = "z".repeat(200 * 1024);
+    child
+        .say(&format!(
+            r#"{{"jsonrpc":"2.0","id":"q","method":"sampling/createMessage","params":{{"pad":"{pad}"}}}}"#
+        ))
+        .await;
+    let refused = child.receive().await;
+    assert_eq!(refused["id"], "q");
+    assert_eq!(refused["error"]["code"], crate::mcp::METHOD_NOT_FOUND);
+    // A long answer to a call that waits for it is parsed and delivered.
+    let call = child.call("long answer");
+    let request = child.receive().await;
+    child.answer(&request["id"], json!({"text": pad})).await;
+    assert_eq!(result(call).await, Ok(json!({"text": pad})));
 }
 
 #[tokio::test]
