@@ -16,10 +16,13 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot, watch};
 
+mod long_line;
+
 use super::logs::{log_child_message, LogBudget, MESSAGES_PER_SECOND};
 use super::{ChildEvent, ExitInfo};
 use crate::cancel::Cancel;
 use crate::mcp::{self, FrameError, Incoming, Progress, RpcError};
+use long_line::{peek_long, LongLine, MAX_LOG_MESSAGE_BYTES};
 
 /// Where a call's progress goes: the latest `notifications/progress` of the
 /// call replaces any its reader has not taken yet, so a child that floods
@@ -665,47 +668,6 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
     };
     // A child that closed stdout or broke framing cannot answer anything more.
     cut_off(&link, why);
-}
-
-/// The longest `notifications/message` line that is parsed and logged.
-const MAX_LOG_MESSAGE_BYTES: usize = 64 * 1024;
-
-/// What a long line from a child is, read without building its tree.
-#[derive(Debug, PartialEq)]
-enum LongLine {
-    /// A notification (a method, no id).
-    Notification(String),
-    /// A request to toolboxd (a method and an id): refused unread.
-    Request(Value),
-    /// An answer (an id, no method): its id, if toolboxd could have sent it.
-    Answer(Option<u64>),
-    /// Not readable so: parsed as any line, for the error it has.
-    Unreadable,
-}
-
-fn peek_long(line: &[u8]) -> LongLine {
-    #[derive(serde::Deserialize)]
-    struct Peek<'a> {
-        #[serde(borrow, default)]
-        method: Option<std::borrow::Cow<'a, str>>,
-        #[serde(default)]
-        id: Option<Value>,
-    }
-    match serde_json::from_slice::<Peek>(line) {
-        Ok(Peek {
-            method: Some(method),
-            id: None,
-        }) => LongLine::Notification(method.into_owned()),
-        Ok(Peek {
-            method: Some(_),
-            id: Some(id),
-        }) => LongLine::Request(id),
-        Ok(Peek {
-            method: None,
-            id: Some(id),
-        }) => LongLine::Answer(id.as_u64()),
-        _ => LongLine::Unreadable,
-    }
 }
 
 /// Ends a child that broke the protocol: every call on it fails with `why`,

@@ -346,7 +346,7 @@ async fn tools_list_changed_becomes_an_event() {
 
 #[test]
 fn long_lines_are_told_apart_without_parsing_them() {
-    use super::{peek_long, LongLine};
+    use super::long_line::{peek_long, LongLine};
     let message = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"x"}}"#;
     assert_eq!(
         peek_long(message.as_bytes()),
