@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::answers;
-use crate::bus::envelope::{Message, Object};
+use crate::bus::envelope::{Message, Object, Unbuilt};
 use crate::cancel::{Cancel, InFlight};
 use crate::manifest::valid_id;
 use crate::object;
@@ -214,14 +214,14 @@ impl Service {
         }
         // A call takes its room before it is decoded: without room, only
         // what addresses its refusal is read.
-        let held = match calls.then(|| self.held.admit(frame)) {
-            Some(None) => return self.refuse_held(frame),
-            held => held.flatten(),
-        };
-        let decoded = if calls {
-            Message::decode_keeping(frame, &refusals::CALL_KEYS)
+        let (held, decoded) = if calls {
+            let unbuilt = Unbuilt::read(frame, &refusals::CALL_KEYS);
+            match self.held.admit(unbuilt.text_bytes()) {
+                None => return self.refuse_held(frame),
+                held => (held, unbuilt.build()),
+            }
         } else {
-            Message::decode(frame)
+            (None, Message::decode(frame))
         };
         let request = match decoded {
             Ok(request) => request,

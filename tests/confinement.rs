@@ -337,11 +337,11 @@ async fn a_toolbox_of_a_daemon_that_is_not_root_cannot_set_the_daemons_limits_or
         !answer.contains("\"result\""),
         "an orphan read the logs: {answer}"
     );
-    common::wait_until("the refusal is logged", Duration::from_secs(5), || {
-        !daemon
-            .log_lines_with("control socket: refused a connection")
-            .is_empty()
-    });
+    daemon.wait_for_log(
+        "control socket: refused a connection",
+        1,
+        Duration::from_secs(5),
+    );
 }
 
 #[tokio::test]

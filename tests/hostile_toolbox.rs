@@ -72,11 +72,11 @@ async fn a_toolbox_cannot_operate_the_daemon_through_its_control_socket() {
         assert_eq!(daemon.status("math")["state"], "ready");
         bus.assert_math_answers().await;
     }
-    common::wait_until("the refusal is logged", Duration::from_secs(5), || {
-        !daemon
-            .log_lines_with("control socket: refused a connection")
-            .is_empty()
-    });
+    daemon.wait_for_log(
+        "control socket: refused a connection",
+        1,
+        Duration::from_secs(5),
+    );
 }
 
 #[tokio::test]

@@ -6,6 +6,7 @@
 //! non-object `data`/`context` is rejected with a [`DecodeError`] that says which
 //! rule it broke. An absent or `null` `data`/`context` is `{}`.
 
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 /// A JSON object, the type of `data` and `context`.
@@ -89,72 +90,9 @@ impl Message {
     }
 
     /// Decodes one frame as [`Message::decode`] does, but builds only the
-    /// `data` members named in `keep`: the others (a client's padding) are
-    /// skipped as they are read, never made into JSON trees. Any frame this
-    /// reads differently from [`Message::decode`] (not an object, a key
-    /// twice) goes to it, for the same error.
+    /// `data` members named in `keep` ([`Unbuilt`]).
     pub fn decode_keeping(text: &str, keep: &[&str]) -> Result<Message, DecodeError> {
-        use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
-        /// `data` as an object, keeping only the members `keep` names.
-        struct Kept<'k>(&'k [&'k str]);
-        impl<'de> DeserializeSeed<'de> for Kept<'_> {
-            type Value = Object;
-            fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Object, D::Error> {
-                d.deserialize_map(self)
-            }
-        }
-        impl<'de> Visitor<'de> for Kept<'_> {
-            type Value = Object;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object, A::Error> {
-                let mut kept = Object::new();
-                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if self.0.contains(&key.as_ref()) {
-                        let value: Value = map.next_value()?;
-                        if kept.insert(key.into_owned(), value).is_some() {
-                            return Err(serde::de::Error::custom("a data key twice"));
-                        }
-                    } else {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-                Ok(kept)
-            }
-        }
-        #[derive(serde::Deserialize)]
-        struct Envelope<'a> {
-            #[serde(rename = "type", default, deserialize_with = "present")]
-            msg_type: Option<Value>,
-            #[serde(borrow)]
-            data: Option<&'a serde_json::value::RawValue>,
-            context: Option<Value>,
-        }
-        let fallback = || Message::decode(text);
-        let Ok(envelope) = serde_json::from_str::<Envelope>(text) else {
-            return fallback();
-        };
-        if !text.trim_start().starts_with('{') {
-            return fallback();
-        }
-        let data = match envelope.data.map(|raw| raw.get().trim_start()) {
-            None => Object::new(),
-            Some(raw) if raw.starts_with("null") => Object::new(),
-            Some(raw) if raw.starts_with('{') => {
-                let mut reader = serde_json::Deserializer::from_str(raw);
-                match Kept(keep).deserialize(&mut reader) {
-                    Ok(data) => data,
-                    Err(_) => return fallback(),
-                }
-            }
-            Some(_) => return Err(DecodeError::NotAnObject("data")),
-        };
-        Ok(Message {
-            msg_type: message_type(envelope.msg_type)?,
-            data,
-            context: object_or_empty(envelope.context, "context")?,
-        })
+        Unbuilt::read(text, keep).build()
     }
 
     /// Checks an already parsed JSON value against the envelope rules.
@@ -310,6 +248,137 @@ impl serde::Serialize for ReplyContext<'_> {
 /// A member that is there, whatever its value (null included).
 fn present<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
     <Value as serde::Deserialize>::deserialize(deserializer).map(Some)
+}
+
+/// A frame read once, without building its trees: the `data` members a
+/// reader keeps and the context, as the text they are in. What they will
+/// hold once built can be told ([`Unbuilt::text_bytes`]) before anything is
+/// built ([`Unbuilt::build`]); the other `data` members (a client's padding)
+/// are skipped as they are read, never built. A frame that cannot be read
+/// so (not an object, a key twice) is kept whole, for [`Message::decode`]
+/// to give its error.
+pub struct Unbuilt<'a>(Read<'a>);
+
+enum Read<'a> {
+    Parts {
+        msg_type: Option<Value>,
+        data: Vec<(std::borrow::Cow<'a, str>, &'a RawValue)>,
+        context: Option<&'a RawValue>,
+    },
+    NotObject,
+    Whole(&'a str),
+}
+
+impl<'a> Unbuilt<'a> {
+    /// Reads `text`, keeping the `data` members `keep` names.
+    pub fn read(text: &'a str, keep: &[&str]) -> Unbuilt<'a> {
+        use serde::de::{DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+        type Members<'a> = Vec<(std::borrow::Cow<'a, str>, &'a RawValue)>;
+        /// `data`'s members that `keep` names, as text.
+        struct Kept<'k>(&'k [&'k str]);
+        impl<'de> DeserializeSeed<'de> for Kept<'_> {
+            type Value = Members<'de>;
+            fn deserialize<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Self::Value, D::Error> {
+                d.deserialize_map(self)
+            }
+        }
+        impl<'de> Visitor<'de> for Kept<'_> {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut kept: Members<'de> = Vec::new();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if self.0.contains(&key.as_ref()) {
+                        if kept.iter().any(|(k, _)| *k == key) {
+                            return Err(serde::de::Error::custom("a data key twice"));
+                        }
+                        kept.push((key, map.next_value()?));
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(kept)
+            }
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope<'a> {
+            #[serde(rename = "type", default, deserialize_with = "present")]
+            msg_type: Option<Value>,
+            #[serde(borrow)]
+            data: Option<&'a RawValue>,
+            #[serde(borrow)]
+            context: Option<&'a RawValue>,
+        }
+        let whole = Unbuilt(Read::Whole(text));
+        let Ok(envelope) = serde_json::from_str::<Envelope>(text) else {
+            return whole;
+        };
+        if !text.trim_start().starts_with('{') {
+            return whole;
+        }
+        let data = match envelope.data.map(|raw| raw.get().trim_start()) {
+            None => Vec::new(),
+            Some(raw) if raw.starts_with("null") => Vec::new(),
+            Some(raw) if raw.starts_with('{') => {
+                let mut reader = serde_json::Deserializer::from_str(raw);
+                match Kept(keep).deserialize(&mut reader) {
+                    Ok(data) => data,
+                    Err(_) => return whole,
+                }
+            }
+            Some(_) => return Unbuilt(Read::NotObject),
+        };
+        Unbuilt(Read::Parts {
+            msg_type: envelope.msg_type,
+            data,
+            context: envelope.context,
+        })
+    }
+
+    /// The text of what [`Unbuilt::build`] builds: the kept members and the
+    /// context (the whole frame when it could not be read so).
+    pub fn text_bytes(&self) -> usize {
+        match &self.0 {
+            Read::Parts { data, context, .. } => {
+                data.iter().map(|(_, raw)| raw.get().len()).sum::<usize>()
+                    + context.map_or(0, |c| c.get().len())
+            }
+            Read::NotObject => 0,
+            Read::Whole(text) => text.len(),
+        }
+    }
+
+    /// The message, with only the kept `data` members.
+    pub fn build(self) -> Result<Message, DecodeError> {
+        let (msg_type, members, context) = match self.0 {
+            Read::Parts {
+                msg_type,
+                data,
+                context,
+            } => (msg_type, data, context),
+            Read::NotObject => return Err(DecodeError::NotAnObject("data")),
+            Read::Whole(text) => return Message::decode(text),
+        };
+        let parse = |raw: &RawValue| {
+            serde_json::from_str::<Value>(raw.get())
+                .map_err(|e| DecodeError::NotJson(e.to_string()))
+        };
+        let mut data = Object::new();
+        for (key, raw) in members {
+            data.insert(key.into_owned(), parse(raw)?);
+        }
+        let context = context.map(parse).transpose()?;
+        Ok(Message {
+            msg_type: message_type(msg_type)?,
+            data,
+            context: object_or_empty(context, "context")?,
+        })
+    }
 }
 
 /// An envelope's `type`: present, a string, not empty.

@@ -43,12 +43,13 @@ impl Default for Held {
 }
 
 impl Held {
-    /// Room for the call in `frame`, kept until the permit is dropped;
-    /// `None` when there is none now. The call is charged what it will
-    /// hold ([`held_bytes`]), not its frame: padding beside its arguments
-    /// costs nothing, since it is never decoded ([`CALL_KEYS`]).
-    pub(super) fn admit(&self, frame: &str) -> Option<OwnedSemaphorePermit> {
-        let bytes = held_bytes(frame)
+    /// Room for a call whose request will hold `text_bytes` of text once
+    /// built ([`crate::bus::envelope::Unbuilt::text_bytes`]: its context and
+    /// the `data` members of [`CALL_KEYS`], not the padding beside them),
+    /// kept until the permit is dropped; `None` when there is none now.
+    pub(super) fn admit(&self, text_bytes: usize) -> Option<OwnedSemaphorePermit> {
+        // The envelope's own few hundred bytes.
+        let bytes = (512 + text_bytes)
             .saturating_mul(TREE_FACTOR)
             .min(HELD_BYTES);
         let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
@@ -59,42 +60,6 @@ impl Held {
 /// The `data` members a call uses: all of a call's request that is decoded
 /// and held (with its context).
 pub(super) const CALL_KEYS: [&str; 4] = ["name", "toolbox_id", "kwargs", "args"];
-
-/// What a call's request holds once decoded, in bytes of its text: its
-/// context and the members of [`CALL_KEYS`], read without building their
-/// trees; the whole frame when it cannot be read so (it is then refused as
-/// malformed after).
-fn held_bytes(frame: &str) -> usize {
-    #[derive(serde::Deserialize)]
-    struct Costs<'a> {
-        #[serde(borrow, default)]
-        data: Option<Parts<'a>>,
-        #[serde(borrow, default)]
-        context: Option<&'a RawValue>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Parts<'a> {
-        #[serde(borrow, default)]
-        name: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        toolbox_id: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        kwargs: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        args: Option<&'a RawValue>,
-    }
-    let len = |raw: Option<&RawValue>| raw.map_or(0, |r| r.get().len());
-    match serde_json::from_str::<Costs>(frame) {
-        Ok(costs) => {
-            let data = costs.data.map_or(0, |d| {
-                len(d.name) + len(d.toolbox_id) + len(d.kwargs) + len(d.args)
-            });
-            // The envelope's own few hundred bytes.
-            512 + data + len(costs.context)
-        }
-        Err(_) => frame.len(),
-    }
-}
 
 impl Service {
     /// Answers a request whose context is too large to echo (its session
