@@ -64,6 +64,18 @@ pub fn overloaded(frame_bytes: usize, room: usize) -> String {
     )
 }
 
+/// A call refused because its sender's calls in progress hold the share one
+/// peer (`peer`: a user, or an address) may hold of the room.
+pub fn overloaded_peer(frame_bytes: usize, peer: &str, share: usize) -> String {
+    format!(
+        "RuntimeError: toolboxd is busy for this client: the calls in progress from {peer} hold \
+         the share of the room one client may hold (this call's message is {frame_bytes} bytes; \
+         one client's calls may hold about {} MiB of messages); wait for its calls to be \
+         answered, or send smaller messages",
+        share / (1024 * 1024)
+    )
+}
+
 /// A call to a `failed` toolbox.
 pub fn failed(toolbox: &str, reason: &str) -> String {
     format!("RuntimeError: toolbox '{toolbox}' is failed: {reason}")

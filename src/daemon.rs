@@ -444,7 +444,7 @@ fn start(start: Start) -> Daemon {
         Observer::new(metrics, audit.clone()),
     );
     let url = bus.url.clone();
-    let on_frame = move |frame: &str| service.dispatch(frame);
+    let on_frame = move |frame: &str, from| service.dispatch(frame, from);
     let bus_task = match bus.link {
         Link::Local(peer) => tokio::spawn(client::run_local(
             url,

@@ -77,10 +77,16 @@ const MALFORMED_PER_SECOND: u32 = 10;
 
 /// When and how a request arrived: a call's deadline counts from `at`, and
 /// `frame_bytes` bounds its arguments' size without measuring them.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Arrival {
+    /// When the frame was read: a call's deadline counts from here.
     at: Instant,
+    /// The frame's size, for the audit log and metrics.
     frame_bytes: usize,
+    /// The catalog as it was when the frame was read: whether a call's
+    /// toolbox is hosted is decided then, in the bus's order, so a call read
+    /// before an operator's stop is answered (`stopped`), never silenced.
+    catalog: Arc<crate::registry::Catalog>,
 }
 
 /// The one field read before deciding whether a frame is ours.
@@ -166,7 +172,7 @@ impl Service {
 
     /// Handles one incoming frame without waiting: malformed frames are logged
     /// and dropped; requests on our topics get a task each.
-    pub fn dispatch(self: &Arc<Self>, frame: &str) {
+    pub fn dispatch(self: &Arc<Self>, frame: &str, from: Option<crate::bus::server::Peer>) {
         // Every OVOS client writes the topic first: read it there, so that the
         // many frames that are not for us (answers, ours echoed back included,
         // some large) are dropped without being parsed.
@@ -216,9 +222,9 @@ impl Service {
         // what addresses its refusal is read.
         let (held, decoded) = if calls {
             let unbuilt = Unbuilt::read(frame, &refusals::CALL_KEYS);
-            match self.held.admit(unbuilt.text_bytes()) {
-                None => return self.refuse_held(frame),
-                held => (held, unbuilt.build()),
+            match self.held.admit(unbuilt.text_bytes(), from) {
+                Err(why) => return self.refuse_held(frame, why),
+                Ok(room) => (Some(room), unbuilt.build()),
             }
         } else {
             (None, Message::decode(frame))
@@ -240,6 +246,7 @@ impl Service {
         let arrived = Arrival {
             at: Instant::now(),
             frame_bytes: frame.len(),
+            catalog: self.registry.snapshot(),
         };
         let service = self.clone();
         tokio::spawn(async move {
@@ -318,15 +325,15 @@ impl Service {
             Topic::PersonaCall => {
                 if let Some(id) = request.data.get("toolbox_id").and_then(Value::as_str) {
                     let id = id.to_owned();
-                    self.persona_call(&request, &id, arrived, cancel).await;
+                    self.persona_call(&request, &id, &arrived, cancel).await;
                 }
             }
-            Topic::Predecessor(id) => self.persona_call(&request, &id, arrived, cancel).await,
+            Topic::Predecessor(id) => self.persona_call(&request, &id, &arrived, cancel).await,
             Topic::List => {
                 self.respond_with_tools(&request, Object::new());
             }
             Topic::Get => self.get(&request),
-            Topic::Invoke => self.invoke(&request, arrived, cancel).await,
+            Topic::Invoke => self.invoke(&request, &arrived, cancel).await,
             Topic::Reload => self.reload(&request).await,
             Topic::Stop => self.stop(&request),
         }
@@ -392,11 +399,10 @@ impl Service {
         &self,
         request: &Message,
         id: &str,
-        arrived: Arrival,
+        arrived: &Arrival,
         cancel: &mut Cancel,
     ) {
-        let catalog = self.registry.snapshot();
-        if !catalog.toolbox(id).is_some_and(|e| e.is_hosted()) {
+        if !arrived.catalog.toolbox(id).is_some_and(|e| e.is_hosted()) {
             return;
         }
         let answer = match request.data.get("name").and_then(Value::as_str) {
@@ -418,7 +424,7 @@ impl Service {
         id: &str,
         name: &str,
         args: Value,
-        arrived: Arrival,
+        arrived: &Arrival,
         cancel: &mut Cancel,
     ) -> Result<Value, String> {
         let mut catalog = self.registry.snapshot();
@@ -468,7 +474,7 @@ impl Service {
         handle: &ToolboxHandle,
         tool: &Arc<Tool>,
         args: Value,
-        arrived: Arrival,
+        arrived: &Arrival,
         cancel: &mut Cancel,
     ) -> Result<Value, String> {
         let audited = self.observer.wants_arguments(handle).then(|| args.clone());
@@ -501,7 +507,7 @@ impl Service {
         handle: &ToolboxHandle,
         tool: &Arc<Tool>,
         args: Value,
-        arrived: Arrival,
+        arrived: &Arrival,
         cancel: &mut Cancel,
     ) -> (Result<Value, String>, Outcome) {
         let (name, id) = (tool.name.as_str(), handle.id());
@@ -562,7 +568,7 @@ impl Service {
         self.respond(request, data);
     }
 
-    async fn invoke(&self, request: &Message, arrived: Arrival, cancel: &mut Cancel) {
+    async fn invoke(&self, request: &Message, arrived: &Arrival, cancel: &mut Cancel) {
         let Some(name) = request
             .data
             .get("name")

@@ -247,9 +247,9 @@ async fn calls_past_the_room_calls_share_are_answered_busy_and_padding_costs_non
         marks.push(m);
     }
     // Arguments of just under 2 MiB count 16 times their size of the
-    // 128 MiB: four are taken, the next two are answered at once, while the
-    // four still run.
-    for m in &marks[4..] {
+    // 128 MiB, of which one peer (here: root) may hold a quarter: one is
+    // taken, the next five are answered at once, while that one still runs.
+    for m in &marks[1..] {
         let data = attacker.persona_answer(m, Duration::from_secs(2)).await;
         let error = data["error"].as_str().unwrap_or_default();
         assert!(
@@ -258,7 +258,7 @@ async fn calls_past_the_room_calls_share_are_answered_busy_and_padding_costs_non
         );
     }
     assert!(started.elapsed() < Duration::from_secs(3), "not at once");
-    for m in &marks[..4] {
+    for m in &marks[..1] {
         let data = attacker.persona_answer(m, Duration::from_secs(20)).await;
         assert!(data["result"]["pid"].is_u64(), "{data}");
     }

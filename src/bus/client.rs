@@ -41,11 +41,46 @@ pub enum BusError {
     BadUrl { url: String, why: String },
     #[error("cannot connect to the bus at {url}: {source}; is the messagebus running?")]
     Connect { url: String, source: std::io::Error },
-    #[error("websocket handshake with {url} failed: {source}; check the route (usually /core)")]
-    Handshake {
-        url: String,
-        source: Box<tokio_tungstenite::tungstenite::Error>,
-    },
+    #[error("websocket handshake with {url} failed: {why}")]
+    Handshake { url: String, why: String },
+}
+
+/// How long the bus may take to answer the websocket handshake once the TCP
+/// connection is made.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a failed handshake says about the bus, and what to do.
+fn handshake_failure(e: &tokio_tungstenite::tungstenite::Error) -> String {
+    use tokio_tungstenite::tungstenite::error::ProtocolError;
+    use tokio_tungstenite::tungstenite::Error;
+    match e {
+        Error::Http(response) if response.status().as_u16() == 404 => {
+            "the bus answered 404: nothing is served at that route; check the route (usually /core)"
+                .to_owned()
+        }
+        Error::Http(response) => {
+            let body = response
+                .body()
+                .as_deref()
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default();
+            format!(
+                "the bus refused the websocket with HTTP {}: {}",
+                response.status(),
+                crate::throttle::cut(body.trim(), 200)
+            )
+        }
+        Error::Protocol(ProtocolError::HandshakeIncomplete)
+        | Error::ConnectionClosed
+        | Error::AlreadyClosed => "the bus closed the connection before answering the handshake \
+             (it may be refusing connections: full, or limiting this client); retrying"
+            .to_owned(),
+        Error::Io(io) => format!(
+            "the connection failed during the handshake: {io} (the bus may be refusing \
+             connections: full, or limiting this client); retrying"
+        ),
+        other => format!("{other}; is a messagebus listening there?"),
+    }
 }
 
 impl BusError {
@@ -67,13 +102,21 @@ pub async fn connect(url: &str) -> Result<Connection, BusError> {
             source,
         })?;
     tcp::tune(&stream);
-    let (ws, response) =
-        tokio_tungstenite::client_async_with_config(request, stream, Some(super::client_config()))
-            .await
-            .map_err(|e| BusError::Handshake {
-                url: url.to_owned(),
-                source: Box::new(e),
-            })?;
+    let handshake =
+        tokio_tungstenite::client_async_with_config(request, stream, Some(super::client_config()));
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+        .await
+        .map_err(|_| BusError::Handshake {
+            url: url.to_owned(),
+            why: format!(
+                "the bus accepted the connection but did not answer the handshake within \
+                 {HANDSHAKE_TIMEOUT:?} (overloaded, or not a messagebus?)"
+            ),
+        })?;
+    let (ws, response) = handshake.map_err(|e| BusError::Handshake {
+        url: url.to_owned(),
+        why: handshake_failure(&e),
+    })?;
     let nodelay_peer = response
         .headers()
         .contains_key(super::server::NODELAY_HEADER);
@@ -127,14 +170,15 @@ pub async fn socket_addr(url: &str) -> Result<std::net::SocketAddr, BusError> {
 }
 
 /// Keeps a connection to `url` until shutdown: reconnects with backoff (100 ms
-/// doubling to 5 s), hands every incoming text frame to `on_frame`, sends every
+/// doubling to 5 s), hands every incoming text frame to `on_frame` (with no
+/// sender: an external bus does not say who sent a frame), sends every
 /// frame from `outgoing`. `connected` tells whether a connection is up.
 /// `first` is a connection already made.
 pub async fn run(
     url: String,
     first: Option<Connection>,
     mut outgoing: mpsc::UnboundedReceiver<String>,
-    mut on_frame: impl FnMut(&str),
+    mut on_frame: impl FnMut(&str, Option<super::server::Peer>),
     connected: watch::Sender<bool>,
     mut shutdown: Shutdown,
 ) {
@@ -181,7 +225,7 @@ pub async fn run(
                     let ended = loop {
                         handled += 1;
                         match frame {
-                            Some(Ok(WsMessage::Text(text))) => on_frame(text.as_str()),
+                            Some(Ok(WsMessage::Text(text))) => on_frame(text.as_str(), None),
                             Some(Ok(WsMessage::Close(_))) | None => {
                                 break Some("the bus closed the connection".to_owned())
                             }
@@ -238,12 +282,13 @@ pub async fn run(
 
 /// [`run`] on the bus this process serves (`peer`, from
 /// [`super::server::Hub::local`]): the same hand-over of frames, in bursts,
+/// each with the peer that sent it (`None` for the daemon's own),
 /// with no socket between, until shutdown; nothing to reconnect.
 pub async fn run_local(
     url: String,
     mut peer: super::server::LocalPeer,
     mut outgoing: mpsc::UnboundedReceiver<String>,
-    mut on_frame: impl FnMut(&str),
+    mut on_frame: impl FnMut(&str, Option<super::server::Peer>),
     connected: watch::Sender<bool>,
     mut shutdown: Shutdown,
 ) {
@@ -253,11 +298,11 @@ pub async fn run_local(
         tokio::select! {
             frame = peer.recv() => {
                 let Some(frame) = frame else { break };
-                on_frame(frame.as_str());
+                on_frame(frame.as_str(), frame.from());
                 // At most a burst's worth, so sending is never starved.
                 for _ in 1..MAX_BURST {
                     let Some(frame) = peer.try_recv() else { break };
-                    on_frame(frame.as_str());
+                    on_frame(frame.as_str(), frame.from());
                 }
             }
             frame = outgoing.recv() => {
@@ -280,4 +325,43 @@ pub async fn run_local(
         }
     }
     let _ = connected.send(false);
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// What `connect` says of a server that reads the handshake and then
+    /// writes `answer` (nothing: it closes).
+    async fn refusal(answer: &'static [u8]) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/core", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let _ = socket.read(&mut [0u8; 4096]).await;
+            let _ = socket.write_all(answer).await;
+        });
+        match super::connect(&url).await {
+            Ok(_) => panic!("a bus that refuses was connected to"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_handshake_says_what_the_bus_did() {
+        let closed = refusal(b"").await;
+        assert!(
+            closed.contains("closed the connection before answering the handshake"),
+            "{closed}"
+        );
+        assert!(!closed.contains("route"), "{closed}");
+        let missing = refusal(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n").await;
+        assert!(
+            missing.contains("404") && missing.contains("check the route"),
+            "{missing}"
+        );
+        let busy =
+            refusal(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 5\r\n\r\nfull\n").await;
+        assert!(busy.contains("503") && busy.contains("full"), "{busy}");
+    }
 }

@@ -4,16 +4,23 @@
 //! Like the Python bus it serves one route (`/core`), greets each client with a
 //! `connected` message and relays every text frame, unparsed, to every client,
 //! the sender included. Unlike it, every socket sets TCP_NODELAY, and nothing a
-//! client does can grow the bus's memory without bound:
-//! - what waits to be written to a client is bounded in bytes
-//!   ([`CLIENT_QUEUE_BYTES`]): a client that stops reading is disconnected;
-//!   the daemon's own client, in process ([`Hub::local`]), is never dropped,
-//!   its senders wait instead;
+//! client does can grow the bus's memory without bound, or take from the
+//! others what all share:
+//! - what waits to be written to a client is bounded ([`queue`]): a sender
+//!   whose frames wait for others past its share is not read until they are
+//!   written (a flooder is slowed, its readers are not dropped); a client
+//!   that takes nothing for [`STUCK_TIMEOUT`], or lets
+//!   [`CLIENT_QUEUE_BYTES`] pile up, is disconnected; the daemon's own
+//!   client, in process ([`Hub::local`]), is never dropped, its senders wait
+//!   instead;
 //! - a message is at most [`MAX_FRAME_BYTES`], and what all clients have sent
-//!   of messages not yet complete is bounded ([`PARTIAL_BYTES`]) and must be
-//!   finished within [`PARTIAL_TIMEOUT`];
-//! - connections are capped ([`MAX_CLIENTS`]) and must finish their handshake
-//!   within [`HANDSHAKE_TIMEOUT`].
+//!   of messages not yet complete is bounded ([`PARTIAL_BYTES`], of which
+//!   each may always use [`PARTIAL_SHARE_BYTES`]) and must be finished
+//!   within [`PARTIAL_TIMEOUT`] of its first byte;
+//! - connections are capped ([`MAX_CLIENTS`], of which one peer may hold
+//!   [`MAX_PER_PEER`]), must finish their handshake within
+//!   [`HANDSHAKE_TIMEOUT`], and are pinged after [`IDLE_PING`] of silence
+//!   and closed if that ping is not answered within [`PING_TIMEOUT`].
 //!
 //! At shutdown the daemon's own client leaves first (its last answers
 //! relayed), then every connection is written what is queued for it and
@@ -35,15 +42,17 @@ use tokio_tungstenite::tungstenite::{Message as WsMessage, Utf8Bytes};
 use super::MAX_FRAME_BYTES;
 use crate::bus::tcp;
 use crate::shutdown::Shutdown;
+pub use peer::Peer;
+use queue::{Behind, Budget, Inbox, Origin, Queue};
+pub use queue::{Relayed, CLIENT_QUEUE_BYTES, SENDER_SHARE_BYTES, STUCK_TIMEOUT};
 use wire::{Wire, Writer};
 
+mod peer;
+mod queue;
 mod wire;
 
 /// The route clients connect to.
 pub const ROUTE: &str = "/core";
-/// Bytes waiting to be written to one client before it counts as stuck and is
-/// disconnected: room for a few of the largest messages.
-pub const CLIENT_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
 /// Bytes waiting for the daemon's own client before its senders wait.
 const OWN_QUEUE_BYTES: usize = 4 * MAX_FRAME_BYTES;
 /// Bytes of messages not yet complete, summed over every client: past it,
@@ -60,8 +69,16 @@ pub const PARTIAL_SHARE_BYTES: usize = 64 * 1024;
 pub const PARTIAL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Connections served at once; more are closed at once (logged).
 pub const MAX_CLIENTS: usize = 256;
+/// Connections one peer ([`Peer`]: on loopback, one user) may hold: the
+/// others always have a quarter of [`MAX_CLIENTS`].
+pub const MAX_PER_PEER: usize = MAX_CLIENTS * 3 / 4;
 /// How long a connection may take to finish its websocket handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Silence from a client (no frame read) after which the bus pings it.
+pub const IDLE_PING: Duration = Duration::from_secs(20);
+/// How long a pinged client has to send anything (its pong) before it is
+/// closed as gone.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// At shutdown: how long the daemon's own client may take to leave, and then
 /// each connection to be written what is queued for it and closed.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(1);
@@ -71,42 +88,8 @@ pub const NODELAY_HEADER: &str = "x-toolboxd-nodelay";
 /// What a client receives first, as from the Python ovos-messagebus.
 const CONNECTED: &str =
     r#"{"type": "connected", "data": {}, "context": {"session": {"session_id": "default"}}}"#;
-
-/// Where frames for one client wait: a channel to its writer, bounded in bytes.
-struct Queue {
-    /// Frames for the writer task.
-    tx: mpsc::UnboundedSender<Utf8Bytes>,
-    /// How the bytes waiting are bounded.
-    budget: Budget,
-}
-
-/// How the bytes waiting for one client are bounded.
-#[derive(Clone)]
-enum Budget {
-    /// A socket client: bytes queued and not yet written; past
-    /// [`CLIENT_QUEUE_BYTES`] the client is disconnected: its queue is taken
-    /// away and `kick` ends its connection (its writer may be blocked on a
-    /// socket nobody reads).
-    Drop {
-        queued: Arc<AtomicUsize>,
-        kick: Arc<tokio::sync::Notify>,
-    },
-    /// The daemon's own client: room left, in bytes ([`OWN_QUEUE_BYTES`]);
-    /// when there is none its senders wait.
-    Wait(Arc<tokio::sync::Semaphore>),
-}
-
-impl Budget {
-    /// A frame of `n` bytes left the queue.
-    fn release(&self, n: usize) {
-        match self {
-            Budget::Drop { queued, .. } => {
-                queued.fetch_sub(n, Ordering::Relaxed);
-            }
-            Budget::Wait(room) => room.add_permits(n),
-        }
-    }
-}
+/// A ping with no payload, as the bus sends it (unmasked, RFC 6455 §5.5.2).
+const PING: [u8; 2] = [0x89, 0x00];
 
 /// Every connected client's queue, by connection number.
 #[derive(Default)]
@@ -117,6 +100,8 @@ struct Clients {
     next: AtomicU64,
     /// Connections open now (handshake included), for [`MAX_CLIENTS`].
     open: AtomicUsize,
+    /// Connections open now by peer, for [`MAX_PER_PEER`].
+    by_peer: std::sync::Mutex<HashMap<Peer, usize>>,
     /// Bytes of unfinished messages, over every client, for [`PARTIAL_BYTES`].
     partial: Arc<AtomicUsize>,
     /// In-process clients attached ([`Hub::local`]): shutdown waits for
@@ -136,24 +121,49 @@ impl Clients {
         }
     }
 
-    /// Relays one frame to every client: clients whose queue it would push
-    /// past [`CLIENT_QUEUE_BYTES`] are disconnected; the daemon's own client
-    /// is waited for — except for the echo of its own frames (`from_own`),
-    /// which is skipped when its queue is full, so that its connection never
-    /// waits on itself.
-    async fn broadcast(&self, frame: &Utf8Bytes, from_own: bool) {
+    /// Counts one more connection of `peer`; false (nothing counted) when
+    /// it holds its share already.
+    fn join(&self, peer: Peer) -> bool {
+        let mut by_peer = self.by_peer.lock().unwrap_or_else(|e| e.into_inner());
+        let held = by_peer.entry(peer).or_default();
+        if *held >= MAX_PER_PEER {
+            return false;
+        }
+        *held += 1;
+        true
+    }
+
+    /// A connection of `peer` ended.
+    fn leave(&self, peer: Peer) {
+        let mut by_peer = self.by_peer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = by_peer.get_mut(&peer) {
+            *held -= 1;
+            if *held == 0 {
+                by_peer.remove(&peer);
+            }
+        }
+    }
+
+    /// Relays one frame, sent by `origin` (`None`: the daemon's own client),
+    /// to every client: clients whose queue it would push past
+    /// [`CLIENT_QUEUE_BYTES`] are disconnected; the daemon's own client is
+    /// waited for — except for the echo of its own frames, which is skipped
+    /// when its queue is full, so that its connection never waits on itself.
+    async fn broadcast(&self, frame: &Utf8Bytes, origin: Option<&Arc<Origin>>) {
         let mut stuck = Vec::new();
         let mut own = Vec::new();
         {
             let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
             for (&id, queue) in queues.iter() {
                 match &queue.budget {
-                    Budget::Drop { queued, .. } => {
-                        let n = frame.len();
-                        let after = queued.fetch_add(n, Ordering::Relaxed) + n;
-                        if after > CLIENT_QUEUE_BYTES || queue.tx.send(frame.clone()).is_err() {
-                            queued.fetch_sub(n, Ordering::Relaxed);
+                    Budget::Drop(behind) => {
+                        if !behind.take_in(frame.len()) {
                             stuck.push(id);
+                        } else if let Err(refused) =
+                            queue.tx.send(Relayed::new(frame.clone(), origin))
+                        {
+                            behind.queued.fetch_sub(frame.len(), Ordering::Relaxed);
+                            drop(refused);
                         }
                     }
                     Budget::Wait(room) => own.push((queue.tx.clone(), room.clone())),
@@ -171,14 +181,14 @@ impl Clients {
         // A frame is at most MAX_FRAME_BYTES, far below u32::MAX.
         let n = frame.len() as u32;
         for (tx, room) in own {
-            let taken = if from_own {
+            let taken = if origin.is_none() {
                 room.try_acquire_many(n).ok()
             } else {
                 room.acquire_many(n).await.ok()
             };
             if let Some(permit) = taken {
-                permit.forget(); // given back by Budget::release
-                if tx.send(frame.clone()).is_err() {
+                permit.forget(); // given back as the frame is taken (Inbox)
+                if tx.send(Relayed::new(frame.clone(), origin)).is_err() {
                     room.add_permits(n as usize);
                 }
             }
@@ -205,7 +215,7 @@ impl Clients {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
         match queue.map(|queue| queue.budget) {
-            Some(Budget::Drop { kick, .. }) => kick.notify_one(),
+            Some(Budget::Drop(behind)) => behind.kick.notify_one(),
             Some(Budget::Wait(room)) => room.close(),
             None => {}
         }
@@ -286,12 +296,12 @@ pub struct LocalPeer {
 impl LocalPeer {
     /// The next frame relayed to this client (never `None` while the peer
     /// lives: only its drop takes its queue away).
-    pub async fn recv(&mut self) -> Option<Utf8Bytes> {
+    pub async fn recv(&mut self) -> Option<Relayed> {
         self.inbox.recv().await
     }
 
     /// A frame already relayed to this client, without waiting.
-    pub fn try_recv(&mut self) -> Option<Utf8Bytes> {
+    pub fn try_recv(&mut self) -> Option<Relayed> {
         self.inbox.try_recv()
     }
 
@@ -307,7 +317,7 @@ impl LocalPeer {
             );
             return;
         }
-        self.clients.broadcast(&frame, true).await;
+        self.clients.broadcast(&frame, None).await;
     }
 }
 
@@ -435,12 +445,27 @@ fn loopback_origin(origin: &str) -> bool {
 /// Serves one connection, from its handshake to its close.
 async fn client(
     stream: TcpStream,
-    peer: SocketAddr,
+    addr: SocketAddr,
     clients: Arc<Clients>,
     mut shutdown: Shutdown,
     any_origin: bool,
 ) {
     let _open = Open(&clients.open);
+    let who = match stream.local_addr() {
+        Ok(local) => Peer::of(addr, local),
+        Err(_) => Peer::Addr(addr.ip()),
+    };
+    if !clients.join(who) {
+        clients.refused(
+            addr,
+            &format!("{who} holds {MAX_PER_PEER} connections already, its share of {MAX_CLIENTS}"),
+        );
+        return;
+    }
+    let _joined = Joined {
+        clients: &clients,
+        peer: who,
+    };
     tcp::tune(&stream);
     // Re-armed after every read, so no client waits on a delayed ACK from us
     // (the embedded bus stalls no client, Nagle or not).
@@ -452,7 +477,7 @@ async fn client(
     #[allow(clippy::result_large_err)]
     let check = |request: &Request, response: Response| {
         check_request(request, response, any_origin, |why| {
-            clients.refused(peer, why)
+            clients.refused(addr, why)
         })
     };
     let handshake = tokio_tungstenite::accept_hdr_async_with_config(
@@ -468,29 +493,31 @@ async fn client(
     let mut ws = match handshake {
         Ok(Ok(ws)) => ws,
         Ok(Err(e)) => {
-            tracing::debug!(%peer, "bus handshake failed: {e}");
+            tracing::debug!(peer = %addr, "bus handshake failed: {e}");
             return;
         }
         Err(_) => {
-            tracing::debug!(%peer, "bus handshake not finished within {HANDSHAKE_TIMEOUT:?}; closing");
+            tracing::debug!(peer = %addr, "bus handshake not finished within {HANDSHAKE_TIMEOUT:?}; closing");
             return;
         }
     };
     // The handshake is not a message: an idle client owes nothing.
     Wire::settle(&unfinished, &clients.partial);
     // From here on the bus writes the socket, tungstenite only reads it.
-    let Some((out, control)) = ws.get_mut().detach() else {
+    let Some(wire::Detached {
+        out,
+        control,
+        pinger,
+    }) = ws.get_mut().detach()
+    else {
         return;
     };
     let mut writer = Writer::new(out, control);
     let (tx, rx) = mpsc::unbounded_channel();
-    let kick = Arc::new(tokio::sync::Notify::new());
     // The greeting, queued first, is counted like any frame.
-    let budget = Budget::Drop {
-        queued: Arc::new(AtomicUsize::new(CONNECTED.len())),
-        kick: kick.clone(),
-    };
-    let _ = tx.send(Utf8Bytes::from_static(CONNECTED));
+    let behind = Behind::new(CONNECTED.len());
+    let _ = tx.send(Relayed::new(Utf8Bytes::from_static(CONNECTED), None));
+    let budget = Budget::Drop(behind.clone());
     let mut rx = Inbox {
         rx,
         budget: budget.clone(),
@@ -500,69 +527,40 @@ async fn client(
         clients: &clients,
         id,
     };
-    tracing::debug!(%peer, id, "bus client connected");
+    tracing::debug!(peer = %addr, %who, id, "bus client connected");
+    let reading = Reading {
+        clients: &clients,
+        origin: Origin::new(who),
+        unfinished,
+        since,
+        pinger,
+        fd,
+        addr,
+        id,
+    };
 
     // Boxed, so that it can be finished after the select and then dropped.
     // It ends when the queue is taken away (this client was removed as
     // stuck, or the bus is draining and everything queued is written), or
     // when the socket fails.
     let mut writing = Box::pin(writer.run(&mut rx));
-    let reader = async {
-        loop {
-            // A client in the middle of a message must finish it within
-            // PARTIAL_TIMEOUT of its first byte, whenever that came: the
-            // wait is woken at that deadline, or every PARTIAL_TIMEOUT.
-            let mut next = ws.next();
-            let frame = loop {
-                let deadline = match unfinished.load(Ordering::Relaxed) {
-                    0 => tokio::time::Instant::now() + PARTIAL_TIMEOUT,
-                    _ => Wire::started(&since) + PARTIAL_TIMEOUT,
-                };
-                match tokio::time::timeout_at(deadline, &mut next).await {
-                    Ok(frame) => break frame,
-                    Err(_)
-                        if unfinished.load(Ordering::Relaxed) > 0
-                            && Wire::started(&since) + PARTIAL_TIMEOUT
-                                <= tokio::time::Instant::now() =>
-                    {
-                        tracing::warn!(%peer, id, "bus client left a message unfinished for {PARTIAL_TIMEOUT:?}; disconnecting it");
-                        return;
-                    }
-                    Err(_) => {}
-                }
-            };
-            let Some(frame) = frame else { return };
-            tcp::quickack(&fd);
-            match &frame {
-                // A ping or pong may come between the fragments of a
-                // message, which stays unfinished: only the control
-                // frame's own bytes (a masked client frame: 6 + payload)
-                // are given back.
-                Ok(WsMessage::Ping(payload) | WsMessage::Pong(payload)) => {
-                    Wire::release(&unfinished, &clients.partial, 6 + payload.len())
-                }
-                _ => Wire::settle(&unfinished, &clients.partial),
-            }
-            match frame {
-                Ok(WsMessage::Text(text)) => clients.broadcast(&text, false).await,
-                Ok(WsMessage::Close(_)) => return,
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::debug!(%peer, id, "bus client error: {e}");
-                    return;
-                }
-            }
-        }
-    };
     // Whether what is queued for the client is still written.
     let finish = tokio::select! {
         _ = &mut writing => false,
         // It closed, or broke the protocol: the frame being written, and
         // what is queued, go out first (a client that reads gets them and
         // the reply to its close).
-        _ = reader => true,
+        _ = reading.run(&mut ws) => true,
         // Removed as stuck: what is queued is dropped with the connection.
-        _ = kick.notified() => false,
+        _ = behind.kick.notified() => false,
+        _ = behind.stuck() => {
+            tracing::warn!(
+                peer = %addr, id,
+                "bus client is not reading (it took nothing of what waits for it for \
+                 {STUCK_TIMEOUT:?}); disconnecting it"
+            );
+            false
+        }
         // The bus is closing: what was queued for this client (the daemon's
         // last answers among it) is written first.
         _ = shutdown.recv() => true,
@@ -579,34 +577,135 @@ async fn client(
     // ready, the flush hands it to the writer), or says goodbye.
     let _ = tokio::time::timeout_at(deadline, ws.flush()).await;
     let _ = tokio::time::timeout_at(deadline, writer.goodbye()).await;
-    tracing::debug!(%peer, id, "bus client disconnected");
+    tracing::debug!(peer = %addr, id, "bus client disconnected");
 }
 
-/// The receiving end of a client's queue.
-struct Inbox {
-    /// Frames to write.
-    rx: mpsc::UnboundedReceiver<Utf8Bytes>,
-    /// Given back what each frame took, as it leaves.
-    budget: Budget,
+/// Counts a connection against its peer's share until dropped.
+struct Joined<'a> {
+    clients: &'a Clients,
+    peer: Peer,
 }
 
-impl Inbox {
-    async fn recv(&mut self) -> Option<Utf8Bytes> {
-        let frame = self.rx.recv().await;
-        self.taken(frame)
+impl Drop for Joined<'_> {
+    fn drop(&mut self) {
+        self.clients.leave(self.peer);
     }
+}
 
-    fn try_recv(&mut self) -> Option<Utf8Bytes> {
-        let frame = self.rx.try_recv().ok();
-        self.taken(frame)
-    }
+/// The reading side of a connection after its handshake.
+struct Reading<'a> {
+    /// Whom its messages are relayed to.
+    clients: &'a Clients,
+    /// The connection as a sender: what of its frames waits for others.
+    origin: Arc<Origin>,
+    /// Bytes of the message it has not finished ([`Wire`]).
+    unfinished: Arc<AtomicUsize>,
+    /// When that message started ([`Wire`]).
+    since: Arc<AtomicU64>,
+    /// Where the bus's pings go (the writer's control frames).
+    pinger: mpsc::Sender<Vec<u8>>,
+    /// The socket, for re-arming its quick ACKs.
+    fd: tcp::Fd,
+    /// The client's address and number, for the log.
+    addr: SocketAddr,
+    id: u64,
+}
 
-    /// A frame left the queue: it no longer counts against the client.
-    fn taken(&self, frame: Option<Utf8Bytes>) -> Option<Utf8Bytes> {
-        if let Some(frame) = &frame {
-            self.budget.release(frame.len());
+/// Why a connection's reading stopped waiting for its next frame.
+enum Due {
+    /// Its unfinished message passed [`PARTIAL_TIMEOUT`].
+    Unfinished,
+    /// It was silent for [`IDLE_PING`]: ping it.
+    Ping,
+    /// It did not answer a ping within [`PING_TIMEOUT`].
+    Gone,
+}
+
+impl Reading<'_> {
+    /// Reads and relays the client's messages until it closes, fails, or
+    /// is due to be cut: its unfinished message passed its deadline, or it
+    /// did not answer a ping. While what it sent waits for others past its
+    /// share, it is not read.
+    async fn run(&self, ws: &mut tokio_tungstenite::WebSocketStream<Wire>) {
+        let (addr, id) = (self.addr, self.id);
+        let mut heard = tokio::time::Instant::now();
+        let mut pinged = None;
+        loop {
+            let mut next = ws.next();
+            let frame = loop {
+                let (deadline, due) = self.deadline(heard, pinged);
+                if let Ok(frame) = tokio::time::timeout_at(deadline, &mut next).await {
+                    break frame;
+                }
+                match due {
+                    Due::Unfinished => {
+                        tracing::warn!(peer = %addr, id, "bus client left a message unfinished for {PARTIAL_TIMEOUT:?}; disconnecting it");
+                        return;
+                    }
+                    Due::Gone => {
+                        tracing::warn!(peer = %addr, id, "bus client did not answer a ping within {PING_TIMEOUT:?} (silent for {:?}); disconnecting it", IDLE_PING + PING_TIMEOUT);
+                        return;
+                    }
+                    Due::Ping => {
+                        // A full control queue means pongs are waiting for
+                        // it: the client is not silent to us then.
+                        let _ = self.pinger.try_send(PING.to_vec());
+                        pinged = Some(tokio::time::Instant::now());
+                    }
+                }
+            };
+            let Some(frame) = frame else { return };
+            (heard, pinged) = (tokio::time::Instant::now(), None);
+            tcp::quickack(&self.fd);
+            match &frame {
+                // A ping or pong may come between the fragments of a
+                // message, which stays unfinished: only the control
+                // frame's own bytes (a masked client frame: 6 + payload)
+                // are given back.
+                Ok(WsMessage::Ping(payload) | WsMessage::Pong(payload)) => {
+                    Wire::release(&self.unfinished, &self.clients.partial, 6 + payload.len())
+                }
+                _ => Wire::settle(&self.unfinished, &self.clients.partial),
+            }
+            match frame {
+                Ok(WsMessage::Text(text)) => {
+                    self.clients.broadcast(&text, Some(&self.origin)).await;
+                    // Backpressure: not read again until its readers have
+                    // taken enough of what it sent. Silence while it waits
+                    // is the bus's, not the client's.
+                    self.origin.within_share().await;
+                    heard = tokio::time::Instant::now();
+                }
+                Ok(WsMessage::Close(_)) => return,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(peer = %addr, id, "bus client error: {e}");
+                    return;
+                }
+            }
         }
-        frame
+    }
+
+    /// What the wait for the next frame is bounded by: the unfinished
+    /// message's deadline (from its first byte), or the ping's.
+    fn deadline(
+        &self,
+        heard: tokio::time::Instant,
+        pinged: Option<tokio::time::Instant>,
+    ) -> (tokio::time::Instant, Due) {
+        let silence = match pinged {
+            Some(at) => (at + PING_TIMEOUT, Due::Gone),
+            None => (heard + IDLE_PING, Due::Ping),
+        };
+        if self.unfinished.load(Ordering::Relaxed) == 0 {
+            return silence;
+        }
+        let unfinished = Wire::started(&self.since) + PARTIAL_TIMEOUT;
+        if unfinished <= silence.0 {
+            (unfinished, Due::Unfinished)
+        } else {
+            silence
+        }
     }
 }
 

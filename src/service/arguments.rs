@@ -30,7 +30,7 @@ pub(super) async fn check_arguments(
     handle: &ToolboxHandle,
     tool: &Arc<Tool>,
     args: Value,
-    arrived: Arrival,
+    arrived: &Arrival,
 ) -> Result<Value, String> {
     if arrived.frame_bytes <= INLINE_VALIDATION_BYTES {
         return tool.check_arguments(&args).map(|()| args);

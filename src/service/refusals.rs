@@ -14,12 +14,14 @@
 //! decoded: a call refused is read only as far as its answer's address.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::value::RawValue;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{answers, Message, Object, Service, Topic, Value, MAX_CONTEXT_BYTES};
+use crate::bus::server::Peer;
 
 /// What the requests of all calls in progress may hold, counted as their
 /// frame's size times [`TREE_FACTOR`]: 8,000 calls of 1 KiB, eight with
@@ -33,27 +35,104 @@ pub(super) const MAX_REQUEST_BYTES: usize = 2 * MAX_CONTEXT_BYTES;
 /// A decoded JSON tree's size at most, per byte of its text.
 const TREE_FACTOR: usize = 16;
 
-/// The room the calls in progress share.
-pub(super) struct Held(Arc<Semaphore>);
+/// What the calls of one peer of the embedded bus may hold of
+/// [`HELD_BYTES`] (a peer is a user on loopback: see
+/// [`crate::bus::server::Peer`]): a peer padding its calls is refused
+/// before the others are, who always find three quarters of the room. On
+/// an external bus the sender of a frame is not known, and all calls share
+/// the whole room.
+pub(super) const PEER_HELD_BYTES: usize = HELD_BYTES / 4;
+
+/// Bytes held by each peer's calls in progress.
+type ByPeer = Arc<std::sync::Mutex<HashMap<Peer, usize>>>;
+
+/// The room the calls in progress share, and what each peer holds of it.
+pub(super) struct Held {
+    /// Room left, in bytes.
+    room: Arc<Semaphore>,
+    /// What each peer's calls hold, for [`PEER_HELD_BYTES`].
+    by_peer: ByPeer,
+}
 
 impl Default for Held {
     fn default() -> Self {
-        Held(Arc::new(Semaphore::new(HELD_BYTES)))
+        Held {
+            room: Arc::new(Semaphore::new(HELD_BYTES)),
+            by_peer: ByPeer::default(),
+        }
     }
+}
+
+/// A call's room, given back when it is answered (dropped).
+pub(super) struct Room {
+    /// Its bytes of the shared room.
+    _permit: OwnedSemaphorePermit,
+    /// Its bytes of its peer's share, when the peer is known.
+    _share: Option<Share>,
+}
+
+/// Bytes counted against one peer's share until dropped.
+struct Share {
+    peer: Peer,
+    bytes: usize,
+    by_peer: ByPeer,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut by_peer = self.by_peer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = by_peer.get_mut(&self.peer) {
+            *held -= self.bytes;
+            if *held == 0 {
+                by_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Why a call found no room.
+pub(super) enum NoRoom {
+    /// All calls in progress hold all they may.
+    Full,
+    /// The calls in progress of its peer hold that peer's share.
+    PeerShare(Peer),
 }
 
 impl Held {
     /// Room for a call whose request will hold `text_bytes` of text once
     /// built ([`crate::bus::envelope::Unbuilt::text_bytes`]: its context and
     /// the `data` members of [`CALL_KEYS`], not the padding beside them),
-    /// kept until the permit is dropped; `None` when there is none now.
-    pub(super) fn admit(&self, text_bytes: usize) -> Option<OwnedSemaphorePermit> {
+    /// sent by `from` (when the bus says), kept until the room is dropped.
+    pub(super) fn admit(&self, text_bytes: usize, from: Option<Peer>) -> Result<Room, NoRoom> {
         // The envelope's own few hundred bytes.
         let bytes = (512 + text_bytes)
             .saturating_mul(TREE_FACTOR)
-            .min(HELD_BYTES);
+            .min(PEER_HELD_BYTES);
+        let share = match from {
+            Some(peer) => {
+                let mut by_peer = self.by_peer.lock().unwrap_or_else(|e| e.into_inner());
+                let held = by_peer.entry(peer).or_default();
+                if *held + bytes > PEER_HELD_BYTES {
+                    return Err(NoRoom::PeerShare(peer));
+                }
+                *held += bytes;
+                Some(Share {
+                    peer,
+                    bytes,
+                    by_peer: self.by_peer.clone(),
+                })
+            }
+            None => None,
+        };
+        // PEER_HELD_BYTES is far below u32::MAX; a refusal drops the share.
         let bytes = u32::try_from(bytes).unwrap_or(u32::MAX);
-        self.0.clone().try_acquire_many_owned(bytes).ok()
+        match self.room.clone().try_acquire_many_owned(bytes) {
+            Ok(permit) => Ok(Room {
+                _permit: permit,
+                _share: share,
+            }),
+            Err(_) => Err(NoRoom::Full),
+        }
     }
 }
 
@@ -82,7 +161,7 @@ impl Service {
     /// what addresses the answer is decoded (the topic, the context, the
     /// call's name and toolbox): the rest of the message, however large, is
     /// skipped, not built into a tree.
-    pub(super) fn refuse_held(&self, frame: &str) {
+    pub(super) fn refuse_held(&self, frame: &str, why: NoRoom) {
         #[derive(serde::Deserialize)]
         struct Addressed<'a> {
             #[serde(rename = "type", borrow)]
@@ -123,8 +202,20 @@ impl Service {
             data,
             context,
         };
-        tracing::debug!(topic = %request.msg_type, bytes = frame.len(), "refused a call: the calls in progress hold all they may");
-        let error = answers::overloaded(frame.len(), HELD_BYTES / TREE_FACTOR);
+        let error = match why {
+            NoRoom::Full => {
+                tracing::debug!(topic = %request.msg_type, bytes = frame.len(), "refused a call: the calls in progress hold all they may");
+                answers::overloaded(frame.len(), HELD_BYTES / TREE_FACTOR)
+            }
+            NoRoom::PeerShare(peer) => {
+                tracing::debug!(topic = %request.msg_type, bytes = frame.len(), %peer, "refused a call: the calls in progress of its peer hold that peer's share");
+                answers::overloaded_peer(
+                    frame.len(),
+                    &peer.to_string(),
+                    PEER_HELD_BYTES / TREE_FACTOR,
+                )
+            }
+        };
         self.respond(&request, Self::error_data(&request, error));
     }
 

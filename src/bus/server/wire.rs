@@ -25,7 +25,8 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 
-use super::{Inbox, PARTIAL_BYTES, PARTIAL_SHARE_BYTES};
+use super::queue::{at_ms, now_ms, Inbox};
+use super::{PARTIAL_BYTES, PARTIAL_SHARE_BYTES};
 
 /// Control frames (pongs, a close reply) waiting for the writer; past this
 /// many, a pong is dropped (a client that floods pings and does not read
@@ -42,14 +43,18 @@ const COPY_MAX: usize = 16 * 1024;
 /// it grew larger, so that one large burst does not stay with the connection.
 const KEEP_MAX: usize = 64 * 1024;
 
-/// The instant unfinished messages' start times count from (the first call).
-fn epoch() -> tokio::time::Instant {
-    static EPOCH: std::sync::OnceLock<tokio::time::Instant> = std::sync::OnceLock::new();
-    *EPOCH.get_or_init(tokio::time::Instant::now)
-}
-
 /// A close frame, code 1000 (normal closure): the bus's goodbye.
 const GOODBYE: [u8; 4] = [0x88, 0x02, 0x03, 0xE8];
+
+/// What the writer takes over once the handshake is done.
+pub(super) struct Detached {
+    /// The socket's writing half.
+    pub(super) out: OwnedWriteHalf,
+    /// The control frames tungstenite writes (pongs, a close reply).
+    pub(super) control: mpsc::Receiver<Vec<u8>>,
+    /// Where the bus's own pings go, among those control frames.
+    pub(super) pinger: mpsc::Sender<Vec<u8>>,
+}
 
 /// The stream tungstenite reads from, counting what the client sends of
 /// messages not yet complete against the budget shared by every client
@@ -65,8 +70,8 @@ pub(super) struct Wire {
     control: Option<mpsc::Sender<Vec<u8>>>,
     /// Bytes this client sent since its last complete message.
     pub(super) unfinished: Arc<AtomicUsize>,
-    /// When the first of those bytes came, in milliseconds since
-    /// [`epoch`]: the unfinished message's deadline runs from there.
+    /// When the first of those bytes came, in milliseconds since the bus's
+    /// epoch: the unfinished message's deadline runs from there.
     pub(super) since: Arc<AtomicU64>,
     /// The sum of `unfinished` over every client.
     pub(super) partial: Arc<AtomicUsize>,
@@ -87,16 +92,21 @@ impl Wire {
 
     /// When the unfinished message whose start is `since` began.
     pub(super) fn started(since: &AtomicU64) -> tokio::time::Instant {
-        epoch() + std::time::Duration::from_millis(since.load(Ordering::Relaxed))
+        at_ms(since.load(Ordering::Relaxed))
     }
 
     /// The handshake is done: gives the writing half to the writer, and
     /// sends what tungstenite writes from now on (control frames) down a
-    /// channel the writer reads.
-    pub(super) fn detach(&mut self) -> Option<(OwnedWriteHalf, mpsc::Receiver<Vec<u8>>)> {
+    /// channel the writer reads; the bus's own pings go down it too (the
+    /// sender returned).
+    pub(super) fn detach(&mut self) -> Option<Detached> {
         let (tx, rx) = mpsc::channel(CONTROL_QUEUE);
-        self.control = Some(tx);
-        Some((self.write.take()?, rx))
+        self.control = Some(tx.clone());
+        Some(Detached {
+            out: self.write.take()?,
+            control: rx,
+            pinger: tx,
+        })
     }
 
     /// A control frame of `n` bytes was read whole: those bytes are no
@@ -134,8 +144,7 @@ impl AsyncRead for Wire {
         if n > 0 {
             let own = self.unfinished.fetch_add(n, Ordering::Relaxed) + n;
             if own == n {
-                let now = tokio::time::Instant::now().saturating_duration_since(epoch());
-                self.since.store(now.as_millis() as u64, Ordering::Relaxed);
+                self.since.store(now_ms(), Ordering::Relaxed);
             }
             let total = self.partial.fetch_add(n, Ordering::Relaxed) + n;
             if total > PARTIAL_BYTES && own > PARTIAL_SHARE_BYTES {
@@ -228,13 +237,13 @@ impl Writer {
                     None => self.control = None,
                 },
                 frame = inbox.recv() => {
-                    let Some(frame) = frame else { return Ok(()) };
-                    self.frame(frame.as_bytes()).await?;
+                    let Some(relayed) = frame else { return Ok(()) };
+                    self.frame(relayed.frame.as_bytes()).await?;
                     // What is left of the burst past KEEP_MAX stays queued,
                     // shared and counted, not copied here.
                     while self.buf.len() < KEEP_MAX {
                         let Some(more) = inbox.try_recv() else { break };
-                        self.frame(more.as_bytes()).await?;
+                        self.frame(more.frame.as_bytes()).await?;
                     }
                     self.flush().await?;
                 }
