@@ -322,6 +322,71 @@ async fn new_lazy_toolboxes_start_to_list_their_tools_a_few_at_a_time() {
 }
 
 #[tokio::test]
+async fn a_call_to_each_of_many_idle_toolboxes_starts_their_children_a_few_at_a_time() {
+    // One client's call to each of 30 cached lazy toolboxes started 30
+    // children at once: the four-at-a-time cap covered listing starts only.
+    // Now every start takes a turn of the same cap, from spawn to serving.
+    let dir = TempDir::new("lazy-calls");
+    let state = TempDir::new("lazy-calls-state");
+    let notes = TempDir::writable("lazy-calls-notes");
+    let note = notes.path().join("starts");
+    std::fs::write(&note, "").unwrap();
+    std::fs::set_permissions(&note, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let fixture = repo("tests/fixtures/fixture_toolbox.py");
+    const BOXES: usize = 10;
+    for i in 0..BOXES {
+        dir.write(
+            &format!("lazy{i}.toml"),
+            &format!(
+                "id = \"lazy{i}\"\ncommand = \"sh\"\n\
+                 args = [\"-c\", \"echo + >> {note}; exec python3 {fixture}\"]\n\
+                 env = {{ START_DELAY_S = \"0.4\", SERVING_NOTE = \"{note}\" }}\n\
+                 [sandbox]\nread_write = [\"{notes}\"]\nread_only = [\"{fixtures}\", \"{examples}\"]\n\
+                 [start]\nmode = \"lazy\"\n",
+                note = note.display(),
+                notes = notes.path().display(),
+                fixtures = repo("tests/fixtures"),
+                examples = repo("examples/python"),
+            ),
+        );
+    }
+    let daemon = daemon_with_state(&dir, &state);
+    // Listed once each (and cached), their children gone again.
+    for i in 0..BOXES {
+        daemon.wait_for_state(&format!("lazy{i}"), "idle", Duration::from_secs(60));
+    }
+    wait_until(
+        "every listing child has exited",
+        Duration::from_secs(20),
+        || (0..BOXES).all(|i| daemon.status(&format!("lazy{i}"))["pids"] == json!([])),
+    );
+    std::fs::write(&note, "").unwrap();
+    // One call to each, all at once.
+    let mut bus = Bus::connect(&daemon.url).await;
+    let mut marks = Vec::new();
+    for i in 0..BOXES {
+        let m = mark();
+        let data =
+            json!({"toolbox_id": format!("lazy{i}"), "name": "add", "kwargs": {"a": i, "b": 1}});
+        bus.send("ovos.persona.tools.call", data, json!({"mark": m}))
+            .await;
+        marks.push(m);
+    }
+    for (i, m) in marks.iter().enumerate() {
+        let data = bus.persona_answer(m, Duration::from_secs(60)).await;
+        assert_eq!(data["result"]["result"], json!(i + 1), "{data}");
+    }
+    // Starting: from the shell's "+" to the child's "serving" note.
+    let (mut starting, mut most) = (0i32, 0);
+    for mark in std::fs::read_to_string(&note).unwrap().lines() {
+        starting += if mark == "+" { 1 } else { -1 };
+        most = most.max(starting);
+    }
+    assert_eq!(starting, 0, "every child started serves");
+    assert!((1..=4).contains(&most), "{most} children starting at once");
+}
+
+#[tokio::test]
 async fn a_child_that_keeps_talking_is_still_stopped_when_idle() {
     // News from the child (here a tools/list_changed every 30 ms) is not a
     // call: it cannot put off the look at whether the child is idle.

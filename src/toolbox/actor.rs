@@ -38,6 +38,18 @@ const REFRESH_GAP: Duration = Duration::from_secs(1);
 /// Least time between two looks at whether a child is idle.
 const IDLE_GRACE: Duration = Duration::from_millis(100);
 
+/// Children starting at once, daemon-wide, whatever starts them (the
+/// daemon's start, a reload, a restart, a lazy toolbox's listing, a call or
+/// a prewarm topic waking an idle toolbox): a client calling thirty idle
+/// toolboxes at once does not start thirty interpreters on two cores, and a
+/// cold start under load leaves each child the CPU to answer its handshake
+/// in time. A start holds its turn from spawn until the child serves or
+/// failed.
+const STARTS_AT_ONCE: usize = 4;
+
+/// The turns of [`STARTS_AT_ONCE`] (never closed).
+static START_TURNS: Semaphore = Semaphore::const_new(STARTS_AT_ONCE);
+
 type Reply = oneshot::Sender<Outcome>;
 
 /// What the actor publishes for the toolbox's handles.
@@ -416,6 +428,8 @@ impl Actor {
     /// Starts a child through the one launcher; remembers the era it speaks
     /// for the next start (or forgets a guess that failed).
     async fn launch(&mut self) -> Result<Launched, Down> {
+        // Never Err: the semaphore is never closed.
+        let _turn = START_TURNS.acquire().await.ok();
         match launch::launch(&self.manifest, self.pin.as_deref(), &self.stats.stderr).await {
             Ok(launched) => {
                 self.pin = Some(launched.session.era().version().to_owned());
