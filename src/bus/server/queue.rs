@@ -74,6 +74,10 @@ impl Origin {
     /// [`SENDER_SHARE_BYTES`]: until then the connection is not read, so its
     /// sender is slowed by TCP to what its readers take.
     pub(super) async fn within_share(&self) {
+        // The common case, without registering a wait.
+        if self.queued.load(Ordering::Relaxed) <= SENDER_SHARE_BYTES {
+            return;
+        }
         loop {
             let drained = self.drained.notified();
             tokio::pin!(drained);
