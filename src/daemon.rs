@@ -14,11 +14,11 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use crate::audit::{Audit, AuditError};
 use crate::bus::{self, client, server};
 use crate::control;
-use crate::metrics::{self, Metrics};
 use crate::notify::Notifier;
+use crate::observe::audit::{Audit, AuditError};
+use crate::observe::metrics::{self, Metrics};
 use crate::observe::Observer;
 use crate::operator::{self, Inbox, Operation, Operator, Operators};
 use crate::peers::Peers;

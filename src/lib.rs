@@ -10,8 +10,8 @@
 //!   embedded [`bus::server`], socket options.
 //! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
 //! - [`observe`]: how a finished call ended, reported in one place to the
-//!   [`metrics`] (Prometheus, `--metrics`) and the [`audit`] log
-//!   (`--audit-log`).
+//!   metrics (Prometheus, `--metrics`) and the audit log (`--audit-log`),
+//!   its sinks below it.
 //! - [`peers`]: the multi-host check: which toolbox ids other hosts on the
 //!   bus already answer for.
 //! - [`operator`]: the operator channel: the operations (status, logs, reload,
@@ -41,6 +41,8 @@
 //! - [`cgroup`]: a cgroup per toolbox child where the kernel allows, so a
 //!   toolbox's whole tree (`setsid` included) ends with it.
 //! - [`mcp`]: JSON-RPC and MCP model types (pure).
+//! - [`protocol`]: what the protocols fix: bus topics and their routing, the
+//!   toolbox id grammar (a leaf).
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
 //! - [`control`]: the control socket (one door to the operator channel) and
 //!   its client, `toolboxd ctl`.
@@ -55,7 +57,6 @@
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
 
 pub mod answers;
-pub mod audit;
 pub mod bus;
 pub mod caller;
 pub mod cancel;
@@ -71,13 +72,13 @@ pub mod keeper;
 pub mod launch;
 pub mod manifest;
 pub mod mcp;
-pub mod metrics;
 pub mod notify;
 pub mod observe;
 pub mod operator;
 pub mod peers;
 pub mod proctree;
 pub mod progress;
+pub mod protocol;
 pub mod registry;
 pub mod sandbox;
 pub mod scaffold;

@@ -26,7 +26,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use crate::bus::envelope::{Message, Object};
-use crate::service::DISCOVER;
+use crate::protocol::topics::DISCOVER;
 
 /// The context key that marks a daemon's discovery of other hosts.
 const PROBE_KEY: &str = "toolboxd_probe";

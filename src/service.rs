@@ -15,12 +15,12 @@ use tokio::sync::mpsc;
 use crate::answers;
 use crate::bus::envelope::{Message, Object, Unbuilt};
 use crate::cancel::{Cancel, InFlight};
-use crate::manifest::valid_id;
 use crate::object;
 use crate::observe::{Finished, Observer, Outcome};
 use crate::operator::{self, Operation, Operators};
 use crate::peers::{Asker, Peers};
 use crate::progress;
+use crate::protocol::topics::{route, Topic, DISCOVER_RESPONSE, INVOKE, PERSONA_CALL};
 use crate::registry::{Registry, Resolved};
 use crate::throttle::LogBudget;
 use crate::tool::Tool;
@@ -37,16 +37,6 @@ pub const MAX_CONTEXT_BYTES: usize = 64 * 1024;
 mod arguments;
 use arguments::check_arguments;
 mod refusals;
-
-pub const DISCOVER: &str = "ovos.persona.tools.discover";
-const DISCOVER_RESPONSE: &str = "ovos.persona.tools.discover.response";
-pub const PERSONA_CALL: &str = "ovos.persona.tools.call";
-pub const LIST: &str = "ovos.tools.list";
-pub const GET: &str = "ovos.tools.get";
-pub const INVOKE: &str = "ovos.tools.invoke";
-pub const RELOAD: &str = "ovos.tools.reload";
-/// The global stop OVOS sends when the user says "stop" (DESIGN §6).
-pub const STOP: &str = "mycroft.stop";
 
 /// Answers the topics, for the toolboxes in the registry.
 pub struct Service {
@@ -94,56 +84,6 @@ struct Arrival {
 struct Head<'a> {
     #[serde(rename = "type", borrow)]
     msg_type: Option<std::borrow::Cow<'a, str>>,
-}
-
-/// Which handler a topic goes to.
-enum Topic {
-    Discover,
-    PersonaCall,
-    Predecessor(String),
-    List,
-    Get,
-    Invoke,
-    Reload,
-    Stop,
-}
-
-impl Topic {
-    /// A tool call: the only request with data of any size (its arguments),
-    /// held until answered, and the global stop's to cancel.
-    fn is_call(&self) -> bool {
-        matches!(
-            self,
-            Topic::PersonaCall | Topic::Predecessor(_) | Topic::Invoke
-        )
-    }
-}
-
-/// Whether toolboxd answers (or takes) bus messages of `topic` itself: such
-/// a topic never prewarms a toolbox.
-pub fn answers_itself(topic: &str) -> bool {
-    topic == DISCOVER_RESPONSE || route(topic).is_some()
-}
-
-fn route(topic: &str) -> Option<Topic> {
-    Some(match topic {
-        DISCOVER => Topic::Discover,
-        PERSONA_CALL => Topic::PersonaCall,
-        LIST => Topic::List,
-        GET => Topic::Get,
-        INVOKE => Topic::Invoke,
-        RELOAD => Topic::Reload,
-        STOP => Topic::Stop,
-        other => {
-            let id = other
-                .strip_prefix("ovos.persona.tools.")?
-                .strip_suffix(".call")?;
-            if !valid_id(id) {
-                return None;
-            }
-            Topic::Predecessor(id.to_owned())
-        }
-    })
 }
 
 impl Service {
@@ -673,18 +613,5 @@ mod tests {
         assert_eq!(leading_topic(r#"{"type": "a.b", "data": {}}"#), Some("a.b"));
         assert_eq!(leading_topic(r#"{"type":"a\"b"}"#), None);
         assert_eq!(leading_topic(r#"{"data":{},"type":"a"}"#), None);
-    }
-
-    #[test]
-    fn routes_topics() {
-        assert!(matches!(route(DISCOVER), Some(Topic::Discover)));
-        assert!(matches!(route(INVOKE), Some(Topic::Invoke)));
-        assert!(
-            matches!(route("ovos.persona.tools.math.call"), Some(Topic::Predecessor(id)) if id == "math")
-        );
-        assert!(route("ovos.persona.tools.call.response").is_none());
-        assert!(route("ovos.persona.tools.a.b.call").is_none());
-        assert!(route("ovos.tools.invoke.response").is_none());
-        assert!(route("ovos.persona.tools.math.call.response").is_none());
     }
 }

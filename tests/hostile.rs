@@ -471,6 +471,12 @@ async fn malformed_frames_are_logged_at_most_ten_a_second() {
     bus.send_raw("{\"type\": \"ovos.tools.list\", \"data\": [0]}")
         .await;
     bus.call("math", "add", json!({"a": 1, "b": 1})).await;
+    // (The log is read by another thread: it may lag the answer.)
+    daemon.wait_for_log(
+        "malformed bus frames not logged",
+        1,
+        common::ANSWER_DEADLINE,
+    );
     let reports = daemon.log_lines_with("malformed bus frames not logged");
     let dropped: u64 = reports.iter().map(|r| r["dropped"].as_u64().unwrap()).sum();
     let logged = daemon.log_lines_with("dropped a malformed bus frame").len() as u64;

@@ -98,18 +98,10 @@ impl SpawnError {
     /// passing shortage, not the toolbox's fault, so worth another try.
     pub fn is_resource_shortage(&self) -> bool {
         match self {
-            SpawnError::Exec { source, .. } => is_shortage(source),
+            SpawnError::Exec { source, .. } => crate::sandbox::is_shortage(source),
             SpawnError::Sandbox(e) => e.is_resource_shortage(),
         }
     }
-}
-
-/// Whether `error` is a shortage of descriptors, processes or memory.
-pub fn is_shortage(error: &std::io::Error) -> bool {
-    matches!(
-        error.raw_os_error(),
-        Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM)
-    )
 }
 
 /// The descriptor limit (soft, hard) toolboxd started with, when it raised

@@ -390,13 +390,8 @@ impl Manifest {
     }
 }
 
-/// Whether `id` is a valid toolbox_id (OVOS-TOOLS-1 §3; docs/manifest.md).
-pub fn valid_id(id: &str) -> bool {
-    !id.is_empty()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
+/// Whether `id` is a valid toolbox_id (the grammar is the protocol's).
+pub use crate::protocol::ids::valid_id;
 
 /// Every numeric knob with its allowed range (docs/manifest.md): a value past
 /// it is an error at `check`, so no arithmetic on a knob can overflow later.

@@ -75,7 +75,7 @@ impl Start {
                     ),
                 ));
             }
-            if topic.ends_with(".response") || crate::service::answers_itself(topic) {
+            if topic.ends_with(".response") || crate::protocol::topics::answers_itself(topic) {
                 return Err((
                     "prewarm_on",
                     format!(

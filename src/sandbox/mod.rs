@@ -101,8 +101,16 @@ impl SandboxError {
             | SandboxError::Landlock(landlock::LandlockError::Kernel { source, .. }) => source,
             _ => return false,
         };
-        crate::child::is_shortage(source)
+        is_shortage(source)
     }
+}
+
+/// Whether `error` is a shortage of descriptors, processes or memory.
+pub fn is_shortage(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::EAGAIN | libc::ENOMEM)
+    )
 }
 
 /// A child's sandbox, prepared before the child starts.

@@ -1,6 +1,6 @@
 use super::*;
 use crate::bus::envelope::Message as BusMessage;
-use crate::observe::Outcome;
+use crate::observe::ending::Outcome;
 use serde_json::json;
 
 #[test]

@@ -27,7 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
 
-use crate::observe::Outcome;
+use crate::observe::ending::Outcome;
 
 /// Most (toolbox, tool) pairs with series of their own.
 pub const MAX_TOOL_SERIES: usize = 1000;

@@ -1,16 +1,12 @@
-//! What a finished call tells the operator: how it ended ([`Outcome`]), and
-//! the one place the service reports it ([`Observer::call_finished`]) to the
-//! metrics (`--metrics`) and the audit log (`--audit-log`), each when enabled.
+//! How a call ended, as every sink of [`super`] reads it: its
+//! [`Outcome`] and the [`Finished`] record.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::audit::Audit;
 use crate::bus::envelope::Message;
-use crate::metrics::Metrics;
-use crate::toolbox::{CallError, ToolboxHandle};
+use crate::toolbox::CallError;
 
 /// How a call ended: the `outcome` label of the calls metric and the audit
 /// log's `outcome` field.
@@ -87,48 +83,4 @@ pub struct Finished<'a> {
     pub answer: &'a Result<Value, String>,
     /// The arguments, when the audit log records them for this toolbox.
     pub arguments: Option<&'a Value>,
-}
-
-/// Where finished calls are reported: the metrics and the audit log, each
-/// only when the daemon was asked for it. Cheap to clone.
-#[derive(Clone, Default)]
-pub struct Observer {
-    /// `--metrics`: the calls counters and duration histograms.
-    metrics: Option<Arc<Metrics>>,
-    /// `--audit-log`: a line per call.
-    audit: Option<Arc<Audit>>,
-}
-
-impl Observer {
-    /// An observer reporting to `metrics` and `audit`, each when given.
-    pub fn new(metrics: Option<Arc<Metrics>>, audit: Option<Arc<Audit>>) -> Observer {
-        Observer { metrics, audit }
-    }
-
-    /// Whether a call to `toolbox` must keep its arguments for the audit log
-    /// (its manifest says `audit_arguments = true`).
-    pub fn wants_arguments(&self, toolbox: &ToolboxHandle) -> bool {
-        self.audit.is_some() && toolbox.audit_arguments()
-    }
-
-    /// Reports a progress message relayed for a call of `tool` in `toolbox`.
-    pub fn progress_relayed(&self, toolbox: &str, tool: &str) {
-        if let Some(metrics) = &self.metrics {
-            metrics.progress_relayed(toolbox, tool);
-        }
-    }
-
-    /// Reports a finished call.
-    pub fn call_finished(&self, call: &Finished<'_>) {
-        if let Some(metrics) = &self.metrics {
-            metrics.call_finished(call.toolbox, call.tool, call.outcome, call.took);
-        }
-        if let Some(audit) = &self.audit {
-            if !audit.record(call) {
-                if let Some(metrics) = &self.metrics {
-                    metrics.audit_line_dropped();
-                }
-            }
-        }
-    }
 }

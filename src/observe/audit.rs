@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::observe::Finished;
+use crate::observe::ending::Finished;
 use crate::throttle::{cut, LogBudget};
 
 /// Lines that may wait for the writer.
@@ -193,8 +193,8 @@ impl Audit {
     /// because the writer is behind. Never waits.
     pub fn record(&self, call: &Finished<'_>) -> bool {
         let refused = match call.outcome {
-            crate::observe::Outcome::Invalid => Some(0),
-            crate::observe::Outcome::Busy => Some(1),
+            crate::observe::ending::Outcome::Invalid => Some(0),
+            crate::observe::ending::Outcome::Busy => Some(1),
             _ => None,
         };
         if let Some(kind) = refused {
@@ -284,8 +284,8 @@ impl Audit {
                 .collect()
         };
         for (outcome, repeated) in [
-            crate::observe::Outcome::Invalid,
-            crate::observe::Outcome::Busy,
+            crate::observe::ending::Outcome::Invalid,
+            crate::observe::ending::Outcome::Busy,
         ]
         .iter()
         .zip(pending)
