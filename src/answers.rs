@@ -242,7 +242,7 @@ mod tests {
 
     #[test]
     fn call_errors_name_tool_toolbox_and_cause() {
-        use crate::child::ExitInfo;
+        use crate::process::child::ExitInfo;
         use std::time::Duration;
         let text = |e: CallError| call_error(&e, "add", "math");
         assert_eq!(

@@ -40,7 +40,7 @@ pub struct Cached {
 
 /// Where the cache of `id` lives.
 fn path_of(id: &str) -> Option<PathBuf> {
-    let root = crate::sandbox::state_root().ok()?;
+    let root = crate::process::sandbox::state_root().ok()?;
     Some(root.join(".catalog").join(format!("{id}.json")))
 }
 
@@ -92,9 +92,9 @@ pub fn load(manifest: &Manifest) -> Option<Cached> {
     if !is_own_dir(path.parent()?) {
         return None;
     }
-    let text = match crate::files::read_own_private(&path, MAX_FILE_BYTES) {
+    let text = match crate::util::files::read_own_private(&path, MAX_FILE_BYTES) {
         Ok(text) => text,
-        Err(crate::files::ReadError::NotFound) => return None,
+        Err(crate::util::files::ReadError::NotFound) => return None,
         Err(e) => {
             tracing::warn!(
                 toolbox = %manifest.id,

@@ -164,7 +164,7 @@ fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
             "pid {pid} is gone (or hidden): a peer must be alive to be checked"
         ));
     }
-    if let Some(cgroups) = crate::cgroup::Cgroups::get_if_created() {
+    if let Some(cgroups) = crate::process::cgroup::Cgroups::get_if_created() {
         if cgroups.holds(pid) {
             return Err(format!("pid {pid} runs inside a toolbox"));
         }
@@ -172,7 +172,7 @@ fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
     // Also where a child runs outside its cgroup (one the kernel refused
     // it): whatever the daemon started is a toolbox's.
     let peer = u32::try_from(pid).unwrap_or(0);
-    if crate::proctree::descends_from(peer, std::process::id()) {
+    if crate::process::proctree::descends_from(peer, std::process::id()) {
         return Err(format!("pid {pid} was started by the daemon (a toolbox's)"));
     }
     // And where it left the daemon's tree and has no cgroup (a daemon that

@@ -131,7 +131,7 @@ pub async fn run_until_signalled(options: RunOptions) -> Result<(), DaemonError>
 ///
 /// Run it on a current-thread runtime, as the binary does: a child gets a
 /// parent-death signal tied to the thread that spawned it. The keeper (see
-/// [`crate::keeper`]) runs only once [`crate::keeper::install`] has named the
+/// [`crate::process::keeper`]) runs only once [`crate::process::keeper::install`] has named the
 /// `toolboxd` executable; a program that embeds the daemon (a test) names the
 /// `toolboxd` binary there, never itself, or goes without a keeper.
 pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonError> {
@@ -165,9 +165,9 @@ pub async fn run(options: RunOptions, mut stop: Shutdown) -> Result<(), DaemonEr
     let hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
     // No toolbox (nor any process of the same user) may read its memory or
     // environment through /proc.
-    crate::sandbox::make_daemon_undumpable();
+    crate::process::sandbox::make_daemon_undumpable();
     // Headroom, so that bus connections never leave it unable to spawn a child.
-    match crate::child::raise_descriptor_limit() {
+    match crate::process::child::raise_descriptor_limit() {
         Ok(limit) => tracing::debug!(limit, "descriptor limit"),
         Err(e) => tracing::warn!("cannot raise the descriptor limit: {e}"),
     }
@@ -637,7 +637,8 @@ async fn shut_down(stopping: Stopping) {
         audit.close().await;
     }
     // Every toolbox is stopped: the limit cgroups of the toolboxes can go.
-    let _ = tokio::task::spawn_blocking(crate::sandbox::limits::remove_daemon_groups).await;
+    let _ =
+        tokio::task::spawn_blocking(crate::process::sandbox::limits::remove_daemon_groups).await;
     stopping.finish.trigger();
     futures_util::future::join_all(stopping.closing.into_iter().map(|part| part.task)).await;
     tracing::info!("stopped");

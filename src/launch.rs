@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::child::{Child, ChildEvent, ExitInfo, StderrLog};
 use crate::manifest::{Manifest, LEGACY_VERSIONS};
 use crate::mcp::ToolSpec;
+use crate::process::child::{Child, ChildEvent, ExitInfo, StderrLog};
 use crate::session::Session;
 use crate::tool::ToolSet;
 

@@ -33,60 +33,48 @@
 //! - [`launch`]: one way to start a child: spawn, era, tools (for `run` and
 //!   `check --probe` alike).
 //! - [`session`]: the MCP conversation with one child (era, tools, calls).
-//! - [`child`]: one child process; stdio framing and request multiplexing.
-//! - [`keeper`]: the one helper process that makes everything a toolbox
-//!   started die with the daemon, even a SIGKILLed one.
-//! - [`sandbox`]: confinement of a toolbox's child (the standard profile),
-//!   prepared in the daemon, applied in the child before its exec.
-//! - [`cgroup`]: a cgroup per toolbox child where the kernel allows, so a
-//!   toolbox's whole tree (`setsid` included) ends with it.
+//! - [`process`]: one child process and what it runs in: its stdio and
+//!   request multiplexing ([`process::child`]), its confinement
+//!   ([`process::sandbox`]), its cgroup, the keeper that makes everything a
+//!   toolbox started die with the daemon, and what its tree uses (/proc).
 //! - [`mcp`]: JSON-RPC and MCP model types (pure).
 //! - [`protocol`]: what the protocols fix: bus topics and their routing, the
 //!   toolbox id grammar (a leaf).
 //! - [`manifest`]: TOML manifests: parse, validate, resolve.
 //! - [`control`]: the control socket (one door to the operator channel) and
 //!   its client, `toolboxd ctl`.
-//! - [`check`], [`caller`], [`scaffold`]: the `check`, `list`, `call` and
-//!   `new` commands.
+//! - [`cli`]: the `check`, `list`, `call` and `new` commands.
 //! - [`notify`]: systemd readiness and watchdog notifications.
-//! - [`proctree`]: what a toolbox's process trees use (memory, CPU), from /proc.
-//! - [`files`]: reading operator files without trusting what is at the path.
-//! - [`throttle`]: a per-second budget for log lines from outside the daemon.
-//! - [`clock`]: wall-clock times as operators read them (RFC 3339, UTC).
-//! - [`wait`]: `or_never`, for `select!` branches that apply only sometimes.
+//! - [`util`]: reading operator files without trusting what is at the path,
+//!   a per-second budget for log lines from outside the daemon, wall-clock
+//!   times as operators read them, `or_never` for `select!`.
 //! - [`shutdown`]: the shutdown signal shared by long-running tasks.
+//!
+//! The directory tree is the layering: a module uses only the layers below
+//! it (docs/architecture.md, checked by tests/layers.rs).
 
 pub mod answers;
 pub mod bus;
-pub mod caller;
-pub mod cancel;
-pub mod catalog_cache;
-pub mod cgroup;
-pub mod check;
-pub mod child;
-pub mod clock;
+pub(crate) mod cancel;
+pub(crate) mod catalog_cache;
+pub mod cli;
 pub mod control;
 pub mod daemon;
-pub mod files;
-pub mod keeper;
-pub mod launch;
+pub(crate) mod launch;
 pub mod manifest;
 pub mod mcp;
-pub mod notify;
-pub mod observe;
+pub(crate) mod notify;
+pub(crate) mod observe;
 pub mod operator;
-pub mod peers;
-pub mod proctree;
-pub mod progress;
-pub mod protocol;
+pub(crate) mod peers;
+pub mod process;
+pub(crate) mod progress;
+pub(crate) mod protocol;
 pub mod registry;
-pub mod sandbox;
-pub mod scaffold;
-pub mod service;
-pub mod session;
+pub(crate) mod service;
+pub(crate) mod session;
 pub mod shutdown;
-pub mod supervisor;
-pub mod throttle;
+pub(crate) mod supervisor;
 pub mod tool;
-pub mod toolbox;
-pub mod wait;
+pub(crate) mod toolbox;
+pub mod util;

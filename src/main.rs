@@ -61,7 +61,7 @@ enum CtlAction {
         /// How many of the last lines (the daemon keeps at most 500 per toolbox).
         #[arg(long, default_value_t = toolboxd::operator::DEFAULT_LOG_LINES,
               value_parser = clap::builder::RangedU64ValueParser::<usize>::new()
-                  .range(1..=toolboxd::child::LOG_LINES as u64))]
+                  .range(1..=toolboxd::process::child::LOG_LINES as u64))]
         lines: usize,
     },
 }
@@ -189,12 +189,12 @@ fn main() -> ExitCode {
     // The daemon's keeper (src/keeper.rs): no runtime, no logging, just wait
     // for the daemon's end.
     let mut raw = std::env::args_os().skip(1);
-    if raw.next().as_deref() == Some(std::ffi::OsStr::new(toolboxd::keeper::SUBCOMMAND)) {
-        toolboxd::keeper::run(toolboxd::keeper::cgroup_arg(raw.next()));
+    if raw.next().as_deref() == Some(std::ffi::OsStr::new(toolboxd::process::keeper::SUBCOMMAND)) {
+        toolboxd::process::keeper::run(toolboxd::process::keeper::cgroup_arg(raw.next()));
     }
     let cli = Cli::parse();
     if let Ok(exe) = std::env::current_exe() {
-        toolboxd::keeper::install(exe);
+        toolboxd::process::keeper::install(exe);
     }
     init_logging(cli.log_format);
     // One thread: a single-threaded runtime is the faster one for a relay
@@ -293,7 +293,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             sandbox,
         } => {
             let ok =
-                toolboxd::check::check(&manifests, probe, sandbox, &mut std::io::stdout()).await;
+                toolboxd::cli::check::check(&manifests, probe, sandbox, &mut std::io::stdout())
+                    .await;
             Ok(if ok {
                 ExitCode::SUCCESS
             } else {
@@ -301,7 +302,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             })
         }
         Command::List { bus, timeout } => {
-            let data = toolboxd::caller::request(
+            let data = toolboxd::cli::caller::request(
                 &bus_url(bus),
                 "ovos.tools.list",
                 Object::new(),
@@ -336,17 +337,21 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                     "ovos.tools.invoke"
                 }
             };
-            let data =
-                toolboxd::caller::request(&bus_url(bus), topic, data, Duration::from_secs(timeout))
-                    .await?;
+            let data = toolboxd::cli::caller::request(
+                &bus_url(bus),
+                topic,
+                data,
+                Duration::from_secs(timeout),
+            )
+            .await?;
             print_answer(data)
         }
         Command::New { name, lang, dir } => {
             let lang = match lang {
-                NewLang::Python => toolboxd::scaffold::Lang::Python,
-                NewLang::Shell => toolboxd::scaffold::Lang::Shell,
+                NewLang::Python => toolboxd::cli::scaffold::Lang::Python,
+                NewLang::Shell => toolboxd::cli::scaffold::Lang::Shell,
             };
-            for path in toolboxd::scaffold::new_toolbox(&name, lang, &dir)? {
+            for path in toolboxd::cli::scaffold::new_toolbox(&name, lang, &dir)? {
                 emit(&format!("wrote {}\n", path.display()))?;
             }
             emit(&format!(

@@ -1,7 +1,7 @@
 //! The protocol model: JSON-RPC 2.0 framing and the MCP types toolboxd uses.
 //!
 //! Pure data and pure functions: nothing here touches a process or a socket.
-//! The transport is [`crate::child`]; the conversation is [`crate::session`].
+//! The transport is [`crate::process::child`]; the conversation is [`crate::session`].
 
 use serde::Serialize;
 use serde_json::{json, Value};

@@ -24,7 +24,7 @@ use crate::registry::{Catalog, Registry};
 use crate::shutdown::Shutdown;
 use crate::supervisor::{ReloadReport, Supervisor};
 use crate::toolbox::{State, ToolboxHandle};
-use crate::wait::or_never;
+use crate::util::wait::or_never;
 
 const STATUS: &str = "status";
 const RESTART: &str = "restart";
@@ -61,7 +61,7 @@ pub enum BadRequest {
     NoMethod,
     #[error("{0} needs params.id (a toolbox id)")]
     NoId(&'static str),
-    #[error("logs params.lines must be a whole number from 1 to {max}", max = crate::child::LOG_LINES)]
+    #[error("logs params.lines must be a whole number from 1 to {max}", max = crate::process::child::LOG_LINES)]
     Lines,
     #[error("unknown method {0:?}; use {known}", known = Operation::known())]
     Unknown(String),
@@ -117,7 +117,7 @@ impl Operation {
                     Some(n) => n
                         .as_u64()
                         .and_then(|n| usize::try_from(n).ok())
-                        .filter(|n| (1..=crate::child::LOG_LINES).contains(n))
+                        .filter(|n| (1..=crate::process::child::LOG_LINES).contains(n))
                         .ok_or(BadRequest::Lines)?,
                 },
             },
@@ -436,7 +436,7 @@ fn logs(registry: &Registry, id: &str, lines: usize) -> Result<Outcome, Refused>
         .into_iter()
         .map(|line| {
             json!({
-                "time": crate::clock::rfc3339(line.at),
+                "time": crate::util::clock::rfc3339(line.at),
                 "pid": line.pid,
                 "text": line.text,
             })
@@ -525,7 +525,7 @@ pub fn with_usage(mut rows: Value) -> Value {
             .flatten()
             .filter_map(|p| u32::try_from(p.as_u64()?).ok())
             .collect();
-        let usage = crate::proctree::usage(&pids);
+        let usage = crate::process::proctree::usage(&pids);
         if let Value::Object(row) = row {
             row.insert("processes".to_owned(), json!(usage.map(|u| u.processes)));
             row.insert(

@@ -13,8 +13,8 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use crate::bus::envelope::{Message, Object};
-use crate::child::ProgressSender;
 use crate::mcp::Progress;
+use crate::process::child::ProgressSender;
 
 /// The shortest time between two progress messages of one call.
 pub const INTERVAL: Duration = Duration::from_millis(250);

@@ -22,9 +22,9 @@ use crate::peers::{Asker, Peers};
 use crate::progress;
 use crate::protocol::topics::{route, Topic, DISCOVER_RESPONSE, INVOKE, PERSONA_CALL};
 use crate::registry::{Registry, Resolved};
-use crate::throttle::LogBudget;
 use crate::tool::Tool;
 use crate::toolbox::{State, ToolboxHandle};
+use crate::util::throttle::LogBudget;
 
 /// How long discovery waits for toolboxes to refresh before answering with the
 /// last known lists.
@@ -153,7 +153,7 @@ impl Service {
         if !calls && frame.len() > refusals::MAX_REQUEST_BYTES {
             return self.log_malformed(&format_args!(
                 "a {} request of {} bytes (only calls may pass {} bytes)",
-                crate::throttle::cut(&name, 100),
+                crate::util::throttle::cut(&name, 100),
                 frame.len(),
                 refusals::MAX_REQUEST_BYTES
             ));
@@ -224,7 +224,7 @@ impl Service {
             // What a client sent may be quoted in the error: escaped, so it
             // cannot forge a log line.
             let error = error.to_string();
-            let error = crate::throttle::escape_controls(&error);
+            let error = crate::util::throttle::escape_controls(&error);
             tracing::warn!("dropped a malformed bus frame: {error}");
         }
     }

@@ -14,9 +14,9 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use crate::cancel::Cancel;
-use crate::child::{ProgressSender, RpcFailure, RpcHandle};
 use crate::manifest::{LEGACY_VERSIONS, MODERN_VERSIONS};
 use crate::mcp::{self, Era, LegacyTasks, TaskSupport, ToolSpec};
+use crate::process::child::{ProgressSender, RpcFailure, RpcHandle};
 
 /// Most `tools/list` pages followed before giving up on a looping cursor.
 pub const MAX_PAGES: usize = 100;
@@ -241,11 +241,6 @@ impl Session {
     /// The era and version in force.
     pub fn era(&self) -> &Era {
         &self.era
-    }
-
-    /// The request channel to the child.
-    pub fn rpc(&self) -> &RpcHandle {
-        &self.rpc
     }
 
     /// Params with the modern era's `_meta` added where it applies.

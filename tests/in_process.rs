@@ -24,7 +24,7 @@ fn exists(pid: i32) -> bool {
 #[tokio::test]
 async fn a_daemon_in_process_serves_reloads_and_stops_cleanly() {
     // The keeper runs from the toolboxd binary, never from this test binary.
-    toolboxd::keeper::install(BIN.into());
+    toolboxd::process::keeper::install(BIN.into());
     let manifests = TempDir::new("in-process");
     manifests.write("text.toml", &text_manifest("text"));
     let control_dir = TempDir::new("in-process-ctl");
@@ -74,7 +74,7 @@ async fn a_daemon_in_process_serves_reloads_and_stops_cleanly() {
         .expect("status");
     let pid = rows[0]["pids"][0].as_i64().expect("a pid") as i32;
     assert!(exists(pid));
-    let keeper = toolboxd::keeper::Keeper::get().expect("the keeper runs");
+    let keeper = toolboxd::process::keeper::Keeper::get().expect("the keeper runs");
     assert_eq!(
         std::fs::read_link(format!("/proc/{}/exe", keeper.pid())).expect("the keeper's exe"),
         std::fs::canonicalize(BIN).expect("the toolboxd binary")

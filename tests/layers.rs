@@ -1,6 +1,7 @@
 //! The direction of the crate's dependencies (docs/architecture.md,
-//! "Layers"): every top-level module of `src/` sits in one layer below, and
-//! may use only modules of the layers below its own. Every `crate::` path
+//! "Layers"): every module of `src/` (top-level, or one of a group
+//! directory) sits in one layer below, and may use only modules of the
+//! layers below its own. Every `crate::` path
 //! counts, inline ones too (a third of the edges appear only inline, never
 //! in a `use` block); comments do not. A new module must be placed here; a
 //! back edge fails with the names that make it.
@@ -11,7 +12,10 @@ use std::path::{Path, PathBuf};
 /// The layers, from the top (what the binary starts) to the leaves. Modules
 /// of one layer do not use each other.
 const LAYERS: &[(&str, &[&str])] = &[
-    ("commands", &["daemon", "check", "caller", "scaffold"]),
+    (
+        "commands",
+        &["daemon", "cli::check", "cli::caller", "cli::scaffold"],
+    ),
     ("faces", &["service", "control"]),
     ("operator channel", &["operator", "progress"]),
     ("reporting and supervision", &["observe", "supervisor"]),
@@ -19,34 +23,77 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("one toolbox", &["toolbox"]),
     ("starting a child", &["launch"]),
     ("the MCP conversation", &["session"]),
-    ("one child process", &["child", "catalog_cache"]),
-    ("confinement, tools, peers", &["sandbox", "tool", "peers"]),
-    ("foundations", &["bus", "keeper", "manifest", "proctree"]),
+    ("one child process", &["process::child", "catalog_cache"]),
+    (
+        "confinement, tools, peers",
+        &["process::sandbox", "tool", "peers"],
+    ),
+    (
+        "foundations",
+        &["bus", "process::keeper", "manifest", "process::proctree"],
+    ),
     (
         "leaves",
         &[
-            "protocol", "mcp", "cancel", "cgroup", "clock", "files", "notify", "shutdown",
-            "throttle", "wait",
+            "protocol",
+            "mcp",
+            "cancel",
+            "process::cgroup",
+            "util::clock",
+            "util::files",
+            "notify",
+            "shutdown",
+            "util::throttle",
+            "util::wait",
         ],
     ),
 ];
 
-/// The top-level modules of `src/` (files and directories; not `lib.rs`,
-/// `main.rs`).
+/// Directories of `src/` that group modules (their `mod.rs` only declares
+/// them): each module in one is placed on its own, as `group::module`.
+const GROUPS: &[&str] = &["process", "cli", "util"];
+
+/// The modules of `src/` the layers place: the top-level ones, and those in
+/// a group directory (not `lib.rs`, `main.rs`, a group's `mod.rs`).
 fn modules(src: &Path) -> BTreeSet<String> {
-    std::fs::read_dir(src)
-        .unwrap()
-        .filter_map(|entry| {
-            let entry = entry.unwrap();
-            let name = entry.file_name().into_string().unwrap();
-            if entry.file_type().unwrap().is_dir() {
-                Some(name)
-            } else {
-                let stem = name.strip_suffix(".rs")?;
-                (stem != "lib" && stem != "main").then(|| stem.to_owned())
+    let mut modules = BTreeSet::new();
+    for entry in std::fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        if GROUPS.contains(&name.as_str()) {
+            for inner in std::fs::read_dir(entry.path()).unwrap() {
+                let inner = inner.unwrap().file_name().into_string().unwrap();
+                let inner = inner.strip_suffix(".rs").unwrap_or(&inner).to_owned();
+                if inner != "mod" {
+                    modules.insert(format!("{name}::{inner}"));
+                }
             }
-        })
-        .collect()
+        } else if entry.file_type().unwrap().is_dir() {
+            modules.insert(name);
+        } else if let Some(stem) = name.strip_suffix(".rs") {
+            if stem != "lib" && stem != "main" {
+                modules.insert(stem.to_owned());
+            }
+        }
+    }
+    modules
+}
+
+/// The module a file of `src/` belongs to (`None`: the crate root, a
+/// group's `mod.rs`).
+fn module_of(relative: &Path) -> Option<String> {
+    let parts: Vec<&str> = relative
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap())
+        .collect();
+    let stem = |part: &str| part.strip_suffix(".rs").unwrap_or(part).to_owned();
+    match parts.as_slice() {
+        ["lib.rs" | "main.rs"] => None,
+        [group, "mod.rs"] if GROUPS.contains(group) => None,
+        [group, inner, ..] if GROUPS.contains(group) => Some(format!("{group}::{}", stem(inner))),
+        [first, ..] => Some(stem(first)),
+        [] => None,
+    }
 }
 
 /// Every `.rs` file under `dir`.
@@ -73,57 +120,68 @@ fn code(text: &str) -> String {
         .join("\n")
 }
 
-/// The first path segment after each `crate::` in `code`, the names of a
-/// `crate::{a, b::c}` group included.
+/// The modules named by each `crate::` path in `code` (its first segment,
+/// or its first two in a group), the names of a `crate::{a, b::c}` group
+/// included.
 fn crate_paths(code: &str) -> Vec<String> {
     let mut names = Vec::new();
     let mut rest = code;
     while let Some(at) = rest.find("crate::") {
         rest = &rest[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            // Top-level names of the group, up to its closing brace.
-            let (mut depth, mut item) = (0, String::new());
-            for c in group.chars() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => names.push(std::mem::take(&mut item)),
-                    _ if depth == 0 => item.push(c),
-                    _ => {}
-                }
-            }
-            names.push(item);
-        } else {
-            names.push(rest.to_owned());
-        }
+        paths_at(rest, &mut names);
     }
     names
-        .iter()
-        .filter_map(|name| {
-            let name = name.trim_start();
-            let end = name
-                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-                .unwrap_or(name.len());
-            (end > 0).then(|| name[..end].to_owned())
-        })
-        .collect()
 }
 
-/// Which top-level modules each top-level module uses.
+/// The modules named by the path (or `{...}` group of paths) `text` starts with.
+fn paths_at(text: &str, into: &mut Vec<String>) {
+    let Some(group) = text.strip_prefix('{') else {
+        let end = text
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(text.len());
+        let first = &text[..end];
+        if first.is_empty() {
+            return;
+        }
+        match text[end..].strip_prefix("::") {
+            Some(after) if GROUPS.contains(&first) => {
+                let mut inner = Vec::new();
+                paths_at(after, &mut inner);
+                into.extend(inner.into_iter().map(|m| format!("{first}::{m}")));
+            }
+            _ => into.push(first.to_owned()),
+        }
+        return;
+    };
+    // Each top-level item of the group, up to its closing brace.
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                paths_at(group[start..i].trim_start(), into);
+                return;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                paths_at(group[start..i].trim_start(), into);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Which modules each module uses.
 fn edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let modules = modules(src);
     let mut files = Vec::new();
     sources(src, &mut files);
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in files {
-        let relative = file.strip_prefix(src).unwrap();
-        let first = relative.components().next().unwrap();
-        let first = first.as_os_str().to_str().unwrap();
-        let from = first.strip_suffix(".rs").unwrap_or(first).to_owned();
-        if from == "lib" || from == "main" {
+        let Some(from) = module_of(file.strip_prefix(src).unwrap()) else {
             continue;
-        }
+        };
         let text = std::fs::read_to_string(&file).unwrap();
         for to in crate_paths(&code(&text)) {
             if to != from && modules.contains(&to) {
@@ -182,7 +240,8 @@ fn every_module_is_in_a_layer_and_uses_only_the_layers_below() {
     for (from, to) in [
         ("daemon", "service"),
         ("service", "toolbox"),
-        ("toolbox", "child"),
+        ("toolbox", "process::child"),
+        ("process::child", "process::sandbox"),
     ] {
         assert!(
             edges.get(from).is_some_and(|t| t.contains(to)),
@@ -194,12 +253,15 @@ fn every_module_is_in_a_layer_and_uses_only_the_layers_below() {
 #[test]
 fn a_back_edge_is_named() {
     let mut edges = BTreeMap::new();
-    edges.insert("sandbox".to_owned(), BTreeSet::from(["child".to_owned()]));
+    edges.insert(
+        "process::sandbox".to_owned(),
+        BTreeSet::from(["process::child".to_owned()]),
+    );
     edges.insert("service".to_owned(), BTreeSet::from(["control".to_owned()]));
     assert_eq!(
         back_edges(&edges),
         [
-            "sandbox (confinement, tools, peers) uses child (one child process), which is above it",
+            "process::sandbox (confinement, tools, peers) uses process::child (one child process), which is above it",
             "service (faces) uses control (faces), which is beside it",
         ]
     );
@@ -207,8 +269,26 @@ fn a_back_edge_is_named() {
 
 #[test]
 fn paths_are_read_inline_grouped_and_not_in_comments() {
-    let text = "use crate::{bus::envelope::Message, tool};\n\
-                let x = crate::child::spawn(); // crate::daemon\n\
+    let text = "use crate::{bus::envelope::Message, tool, util::{clock, files::x}};\n\
+                let x = crate::process::child::spawn(); // crate::daemon\n\
                 /// [`crate::registry`]\n";
-    assert_eq!(crate_paths(&code(text)), ["bus", "tool", "child"]);
+    assert_eq!(
+        crate_paths(&code(text)),
+        [
+            "bus",
+            "tool",
+            "util::clock",
+            "util::files",
+            "process::child"
+        ]
+    );
+    assert_eq!(
+        module_of(Path::new("process/child/rpc.rs")).as_deref(),
+        Some("process::child")
+    );
+    assert_eq!(
+        module_of(Path::new("service/refusals.rs")).as_deref(),
+        Some("service")
+    );
+    assert_eq!(module_of(Path::new("util/mod.rs")), None);
 }

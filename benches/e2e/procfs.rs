@@ -60,7 +60,7 @@ fn scan() -> Result<HashMap<u32, Stat>> {
 fn is_helper(pid: u32) -> Result<bool> {
     let path = format!("/proc/{pid}/cmdline");
     let raw = std::fs::read(&path).with_context(|| format!("reading {path}"))?;
-    Ok(raw.split(|&b| b == 0).nth(1) == Some(toolboxd::keeper::SUBCOMMAND.as_bytes()))
+    Ok(raw.split(|&b| b == 0).nth(1) == Some(toolboxd::process::keeper::SUBCOMMAND.as_bytes()))
 }
 
 /// A process tree: the service's own processes (the root and the

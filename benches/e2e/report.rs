@@ -215,7 +215,7 @@ pub(crate) fn commit() -> (Option<String>, Vec<String>) {
 /// UTC "YYYY-MM-DD HH:MM" of a SystemTime.
 pub(crate) fn utc(t: SystemTime) -> String {
     // "YYYY-MM-DDTHH:MM:SS.mmmZ" from the daemon's own clock.
-    let full = toolboxd::clock::rfc3339(t);
+    let full = toolboxd::util::clock::rfc3339(t);
     format!(
         "{} UTC",
         full.get(..16).unwrap_or(&full).replacen('T', " ", 1)

@@ -67,7 +67,7 @@ fn handshake_failure(e: &tokio_tungstenite::tungstenite::Error) -> String {
             format!(
                 "the bus refused the websocket with HTTP {}: {}",
                 response.status(),
-                crate::throttle::cut(body.trim(), 200)
+                crate::util::throttle::cut(body.trim(), 200)
             )
         }
         Error::Protocol(ProtocolError::HandshakeIncomplete)

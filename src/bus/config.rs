@@ -50,9 +50,9 @@ pub fn from_files(files: &[PathBuf]) -> BusSettings {
     let mut sources = Vec::new();
     let mut warnings = Vec::new();
     for file in files {
-        let text = match crate::files::read_small_regular(file, MAX_CONFIG_BYTES) {
+        let text = match crate::util::files::read_small_regular(file, MAX_CONFIG_BYTES) {
             Ok(text) => text,
-            Err(crate::files::ReadError::NotFound) => continue,
+            Err(crate::util::files::ReadError::NotFound) => continue,
             Err(e) => {
                 warnings.push(format!("cannot use {}: {e}; ignoring it", file.display()));
                 continue;

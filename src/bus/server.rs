@@ -109,7 +109,7 @@ struct Clients {
     locals: tokio::sync::watch::Sender<usize>,
     /// Refused connections logged: one line a second, with how many were
     /// not, so that a client reconnecting in a loop cannot flood the log.
-    refusals: std::sync::Mutex<crate::throttle::LogBudget>,
+    refusals: std::sync::Mutex<crate::util::throttle::LogBudget>,
 }
 
 impl Clients {
@@ -336,7 +336,7 @@ pub async fn serve(listener: TcpListener, hub: Hub, mut shutdown: Shutdown, any_
     let clients = hub.clients;
     let (drain, draining) = crate::shutdown::ShutdownTrigger::new();
     let mut connections = tokio::task::JoinSet::new();
-    let mut accept_errors = crate::throttle::LogBudget::new(1);
+    let mut accept_errors = crate::util::throttle::LogBudget::new(1);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -409,7 +409,7 @@ fn check_request(
         if !any_origin && !loopback_origin(origin) {
             refused(&format!(
                 "it comes from a web page (Origin {:?} is not loopback)",
-                crate::throttle::cut(origin, 200)
+                crate::util::throttle::cut(origin, 200)
             ));
             return refuse(
                 StatusCode::FORBIDDEN,

@@ -227,7 +227,7 @@ impl fmt::Display for ManifestError {
             Some(line) => format!("{}:{}: {}", self.path.display(), line, self.message),
             None => format!("{}: {}", self.path.display(), self.message),
         };
-        f.write_str(&crate::throttle::escape_controls(&text))
+        f.write_str(&crate::util::throttle::escape_controls(&text))
     }
 }
 
@@ -237,8 +237,8 @@ pub const MAX_MANIFEST_BYTES: u64 = 1024 * 1024;
 /// Reads a manifest file without ever blocking on, or reading without end
 /// from, something that is not a regular file (a FIFO, a device, a directory).
 fn read_manifest(path: &Path) -> Result<String, String> {
-    use crate::files::ReadError;
-    crate::files::read_small_regular(path, MAX_MANIFEST_BYTES).map_err(|e| match e {
+    use crate::util::files::ReadError;
+    crate::util::files::read_small_regular(path, MAX_MANIFEST_BYTES).map_err(|e| match e {
         ReadError::NotRegular(what) => format!(
             "is {what}, not a manifest; a manifest must be a regular file: move it out of \
              the manifests directory or rename it"

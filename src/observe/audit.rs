@@ -26,7 +26,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::observe::ending::Finished;
-use crate::throttle::{cut, LogBudget};
+use crate::util::throttle::{cut, LogBudget};
 
 /// Lines that may wait for the writer.
 const MAX_QUEUED_LINES: usize = 10_000;
@@ -224,7 +224,7 @@ impl Audit {
             return;
         }
         let line = Repeated {
-            time: crate::clock::rfc3339(std::time::SystemTime::now()),
+            time: crate::util::clock::rfc3339(std::time::SystemTime::now()),
             outcome,
             repeated,
             note: "refusals of this outcome not written since the last one that was (one a \
@@ -262,7 +262,8 @@ impl Audit {
         false
     }
 
-    /// Lines dropped so far.
+    /// Lines dropped so far (the metric reads the counter itself).
+    #[cfg(test)]
     pub fn dropped_lines(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
@@ -463,7 +464,7 @@ fn encode(call: &Finished<'_>) -> String {
         .and_then(Value::as_str)
         .map(|s| cut(s, MAX_SESSION_BYTES));
     let mut line = Line {
-        time: crate::clock::rfc3339(std::time::SystemTime::now()),
+        time: crate::util::clock::rfc3339(std::time::SystemTime::now()),
         toolbox: call.toolbox,
         tool: call.tool,
         session,

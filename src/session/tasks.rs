@@ -13,8 +13,8 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use crate::cancel::Cancel;
-use crate::child::{PastDeadline, RpcFailure, RpcHandle};
 use crate::mcp::{self, TaskStatus};
+use crate::process::child::{PastDeadline, RpcFailure, RpcHandle};
 
 /// Poll interval when a modern task suggests none.
 const DEFAULT_POLL: Duration = Duration::from_millis(250);

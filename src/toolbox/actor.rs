@@ -15,12 +15,12 @@ use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
 use super::running::{drain_and_stop, Down, Running};
 use super::{CallLimits, Command, Outcome, RestartReason, Serving, Slot, State, Stats};
-use crate::child::{ChildEvent, ExitInfo};
 use crate::launch::{self, Launched};
 use crate::manifest::Manifest;
 use crate::mcp;
+use crate::process::child::{ChildEvent, ExitInfo};
 use crate::tool::ToolSet;
-use crate::wait::or_never;
+use crate::util::wait::or_never;
 
 mod liveness;
 mod mode;

@@ -20,7 +20,7 @@ mod stats;
 mod tests;
 
 use serving::{Serving, Slot, SlotHold};
-pub use stats::{RestartReason, Stats, StatsSnapshot};
+pub use stats::{RestartReason, Stats};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -31,9 +31,9 @@ use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::cancel::Cancel;
-use crate::child::{ExitInfo, RpcFailure};
 use crate::manifest::Manifest;
 use crate::mcp::RpcError;
+use crate::process::child::{ExitInfo, RpcFailure};
 use crate::tool::ToolSet;
 
 /// Where a toolbox publishes itself, its state and its tools: the registry, in
@@ -286,7 +286,7 @@ impl ToolboxHandle {
         args: Value,
         arrived: Instant,
         cancel: &mut Cancel,
-        progress: Option<crate::child::ProgressSender>,
+        progress: Option<crate::process::child::ProgressSender>,
     ) -> Result<Value, CallError> {
         let waiting = self.stats.in_flight.fetch_add(1, Ordering::Relaxed) as usize;
         let _count = InFlightCount(&self.stats);

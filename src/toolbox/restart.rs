@@ -5,8 +5,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::child::ExitInfo;
 use crate::manifest::{Restart, RestartPolicy};
+use crate::process::child::ExitInfo;
 
 /// What to do after a child went down.
 #[derive(Debug, PartialEq)]

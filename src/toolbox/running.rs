@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::Serving;
-use crate::child::{Child, ChildEvent, ExitInfo};
 use crate::launch::LaunchError;
 use crate::manifest::Manifest;
+use crate::process::child::{Child, ChildEvent, ExitInfo};
 
 /// How long a child gets to exit after its stdin closes, and again after SIGTERM.
 const STOP_GRACE: Duration = Duration::from_secs(3);

@@ -23,7 +23,7 @@ pub struct Stats {
     /// The same, by [`RestartReason`] (in the order of `RestartReason::ALL`).
     restarts_by: [AtomicU64; RestartReason::ALL.len()],
     /// The recent stderr of its children, for `ctl logs` and failure reports.
-    pub stderr: Arc<crate::child::StderrLog>,
+    pub stderr: Arc<crate::process::child::StderrLog>,
     /// What status shows beyond the counters.
     detail: Mutex<Detail>,
     /// When a prewarm topic last started a child (for its rate).

@@ -9,7 +9,7 @@ fn arb_operation() -> impl Strategy<Value = Operation> {
         arb_text().prop_map(Operation::Restart),
         arb_text().prop_map(Operation::Stop),
         arb_text().prop_map(Operation::Start),
-        (arb_text(), 1..=toolboxd::child::LOG_LINES)
+        (arb_text(), 1..=toolboxd::process::child::LOG_LINES)
             .prop_map(|(id, lines)| Operation::Logs { id, lines }),
     ]
 }

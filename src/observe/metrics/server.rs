@@ -65,7 +65,7 @@ struct Open {
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut shutdown: Shutdown) {
     let open: Arc<Mutex<Vec<Open>>> = Arc::default();
     let mut next_id = 0u64;
-    let mut refused = crate::throttle::LogBudget::new(1);
+    let mut refused = crate::util::throttle::LogBudget::new(1);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,

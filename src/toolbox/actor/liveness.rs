@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::Actor;
-use crate::child::RpcFailure;
+use crate::process::child::RpcFailure;
 use crate::toolbox::running::Running;
 
 /// Liveness probes missed in a row before the child is killed.
@@ -61,11 +61,13 @@ impl Actor {
     /// next start is refused, saying why, until the directory is emptied.
     async fn check_state_size(&self, running: &mut Running) {
         let max = self.manifest.sandbox.state_max_mib;
-        let Some(dir) = crate::sandbox::state_dir_of(&self.manifest).filter(|_| max > 0) else {
+        let Some(dir) = crate::process::sandbox::state_dir_of(&self.manifest).filter(|_| max > 0)
+        else {
             return;
         };
         let limit = Duration::from_secs(self.manifest.limits.probe_timeout_s);
-        let measured = tokio::task::spawn_blocking(move || crate::sandbox::state_over(&dir, max));
+        let measured =
+            tokio::task::spawn_blocking(move || crate::process::sandbox::state_over(&dir, max));
         if let Ok(Ok(Some(why))) = tokio::time::timeout(limit, measured).await {
             tracing::error!(
                 toolbox = self.id(),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::super::running::Running;
 use super::super::{Command, Serving};
-use crate::child::{ChildEvent, ExitInfo};
+use crate::process::child::{ChildEvent, ExitInfo};
 
 /// What the actor is doing between events. The state status shows and the
 /// slot calls look for are both derived from it ([`Mode::view`], [`Actor::show`]).

@@ -7,9 +7,9 @@
 //! fails every call still in flight with the exit status (`group`: no
 //! signal is sent once the pid may be another process's). Dropping the
 //! `Child` kills its whole process group and, where the kernel allows, its
-//! cgroup ([`crate::cgroup`]: every process it started, `setsid` ones too),
+//! cgroup ([`crate::process::cgroup`]: every process it started, `setsid` ones too),
 //! so nothing leaks. The process also gets a parent-death signal, and the
-//! daemon's keeper ([`crate::keeper`]) kills its group and cgroup if toolboxd
+//! daemon's keeper ([`crate::process::keeper`]) kills its group and cgroup if toolboxd
 //! is killed outright.
 
 mod exec;
@@ -90,7 +90,7 @@ pub enum SpawnError {
     },
     /// Its sandbox could not be set up as declared (so it was not started).
     #[error("{0}")]
-    Sandbox(#[from] crate::sandbox::SandboxError),
+    Sandbox(#[from] crate::process::sandbox::SandboxError),
 }
 
 impl SpawnError {
@@ -98,7 +98,7 @@ impl SpawnError {
     /// passing shortage, not the toolbox's fault, so worth another try.
     pub fn is_resource_shortage(&self) -> bool {
         match self {
-            SpawnError::Exec { source, .. } => crate::sandbox::is_shortage(source),
+            SpawnError::Exec { source, .. } => crate::process::sandbox::is_shortage(source),
             SpawnError::Sandbox(e) => e.is_resource_shortage(),
         }
     }
@@ -143,7 +143,7 @@ pub fn raise_descriptor_limit() -> std::io::Result<libc::rlim_t> {
 /// with the manifest's `env`, or only that with `env_clear`) and directory.
 fn command(
     manifest: &Manifest,
-    sandbox: Option<&crate::sandbox::Plan>,
+    sandbox: Option<&crate::process::sandbox::Plan>,
 ) -> std::io::Result<exec::Command> {
     let env: Vec<(OsString, OsString)> = match sandbox {
         Some(plan) => plan.env().to_vec(),
@@ -170,7 +170,9 @@ fn command(
 /// What the child does last before `exec`, in its cgroup: a parent-death
 /// signal, its descriptor limit, its sandbox. System calls only ([`exec`]'s
 /// rules).
-fn steps(sandbox: Option<&crate::sandbox::Plan>) -> impl Fn() -> std::io::Result<()> + Sync + '_ {
+fn steps(
+    sandbox: Option<&crate::process::sandbox::Plan>,
+) -> impl Fn() -> std::io::Result<()> + Sync + '_ {
     let daemon = std::process::id();
     let nofile = INHERITED_NOFILE.get().copied();
     move || {
@@ -228,10 +230,10 @@ pub struct Child {
     /// the log then.
     stderr_closed: watch::Receiver<bool>,
     /// Its cgroup, where cgroups are used: killed and removed with the child.
-    cgroup: Option<crate::cgroup::Cgroup>,
+    cgroup: Option<crate::process::cgroup::Cgroup>,
     /// What it keeps of its sandbox: the summary, and the limit cgroups
     /// that go with it.
-    sandbox: Option<Box<crate::sandbox::Kept>>,
+    sandbox: Option<Box<crate::process::sandbox::Kept>>,
 }
 
 impl Child {
@@ -433,11 +435,11 @@ struct Started {
     /// The daemon's ends of its stdin, stdout and stderr, until taken over.
     pipes: Option<[OwnedFd; 3]>,
     /// Its cgroup, where one could be made and entered.
-    cgroup: Option<crate::cgroup::Cgroup>,
+    cgroup: Option<crate::process::cgroup::Cgroup>,
     /// What it keeps of its sandbox.
-    kept: Option<Box<crate::sandbox::Kept>>,
+    kept: Option<Box<crate::process::sandbox::Kept>>,
     /// The keeper that kills it if the daemon dies.
-    keeper: Option<&'static crate::keeper::Keeper>,
+    keeper: Option<&'static crate::process::keeper::Keeper>,
 }
 
 impl Drop for Started {
@@ -454,8 +456,8 @@ impl Drop for Started {
 /// thread).
 fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
     // The keeper must exist before the child does (it is started once).
-    let keeper = crate::keeper::Keeper::get();
-    let mut cgroup = crate::cgroup::Cgroups::get().and_then(|cgroups| {
+    let keeper = crate::process::keeper::Keeper::get();
+    let mut cgroup = crate::process::cgroup::Cgroups::get().and_then(|cgroups| {
         cgroups
             .new_child(&manifest.id)
             .map_err(|e| {
@@ -463,8 +465,8 @@ fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
             })
             .ok()
     });
-    let v2_cgroup = cgroup.as_ref().map(crate::cgroup::Cgroup::dir);
-    let sandbox = crate::sandbox::plan(manifest, v2_cgroup)?;
+    let v2_cgroup = cgroup.as_ref().map(crate::process::cgroup::Cgroup::dir);
+    let sandbox = crate::process::sandbox::plan(manifest, v2_cgroup)?;
     if sandbox.is_none() {
         tracing::warn!(
             toolbox = %manifest.id,
@@ -477,7 +479,7 @@ fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
         source,
     };
     let command = command(manifest, sandbox.as_ref()).map_err(spawn_error)?;
-    let entry = cgroup.as_ref().map(crate::cgroup::Cgroup::entry);
+    let entry = cgroup.as_ref().map(crate::process::cgroup::Cgroup::entry);
     // Open for clone3, which starts the child in it.
     let dir = cgroup
         .as_ref()
@@ -511,7 +513,7 @@ fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
             if cgroup.is_some()
                 && !sandbox
                     .as_ref()
-                    .is_some_and(crate::sandbox::Plan::limits_in_cgroup) =>
+                    .is_some_and(crate::process::sandbox::Plan::limits_in_cgroup) =>
         {
             let process = exec::spawn(&command, &steps(sandbox.as_ref()), memory, None)
                 .map_err(spawn_error)?;
@@ -540,7 +542,7 @@ fn start(manifest: &Manifest) -> Result<Started, SpawnError> {
 /// The kernel marks the memory of a process whose credentials change as
 /// dumpable per `fs.suid_dumpable` (`commit_creds`); at 0, the default, that
 /// is "not dumpable", as the daemon keeps itself
-/// ([`crate::sandbox::make_daemon_undumpable`]), so sharing changes nothing.
+/// ([`crate::process::sandbox::make_daemon_undumpable`]), so sharing changes nothing.
 /// Any other value, or one that cannot be read: the child gets a copy.
 fn user_change_keeps_memory_private() -> bool {
     static PRIVATE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -124,8 +124,8 @@ pub fn availability(controller: &str) -> Result<String, String> {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     // v2: the controller is available in our own cgroup, to enable below it.
     if let (Some(mount), Some(path)) = (
-        crate::cgroup::cgroup2_mount(&mountinfo),
-        crate::cgroup::own_cgroup2_path(&own),
+        crate::process::cgroup::cgroup2_mount(&mountinfo),
+        crate::process::cgroup::own_cgroup2_path(&own),
     ) {
         let available = mount
             .join(path.trim_start_matches('/'))
@@ -260,7 +260,7 @@ fn remove_all(dirs: &[PathBuf]) -> bool {
 pub fn remove_daemon_groups() {
     let groups = std::mem::take(&mut *DAEMON_GROUPS.lock().unwrap_or_else(|e| e.into_inner()));
     for group in groups {
-        crate::cgroup::remove_tree(&group);
+        crate::process::cgroup::remove_tree(&group);
     }
 }
 

@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
-use crate::throttle::cut;
-use crate::wait::or_never;
+use crate::util::throttle::cut;
+use crate::util::wait::or_never;
 
 /// `notifications/message` logged per second per child; the rest are counted.
 pub(super) const MESSAGES_PER_SECOND: u32 = 100;
 
-pub(super) use crate::throttle::LogBudget;
+pub(super) use crate::util::throttle::LogBudget;
 
 /// Text from outside made safe for one log line: control characters (a
 /// newline could forge a log line; escapes could move a terminal's cursor)
@@ -24,7 +24,7 @@ pub(super) fn sanitize(text: &str) -> String {
         .char_indices()
         .nth(STDERR_LINE_MAX)
         .map_or(text, |(end, _)| &text[..end]);
-    crate::throttle::escape_controls(cut).into_owned()
+    crate::util::throttle::escape_controls(cut).into_owned()
 }
 
 pub(super) fn log_child_message(toolbox: &str, pid: u32, params: &Value) {
@@ -35,8 +35,11 @@ pub(super) fn log_child_message(toolbox: &str, pid: u32, params: &Value) {
     // Cut before it is made safe: a child's message is logged as one line
     // of at most STDERR_LINE_MAX, like its stderr.
     let text = match params.get("data") {
-        Some(Value::String(s)) => sanitize(crate::throttle::cut(s, STDERR_LINE_MAX)),
-        Some(other) => sanitize(crate::throttle::cut(&other.to_string(), STDERR_LINE_MAX)),
+        Some(Value::String(s)) => sanitize(crate::util::throttle::cut(s, STDERR_LINE_MAX)),
+        Some(other) => sanitize(crate::util::throttle::cut(
+            &other.to_string(),
+            STDERR_LINE_MAX,
+        )),
         None => sanitize("null"),
     };
     match level {

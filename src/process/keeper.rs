@@ -7,7 +7,7 @@
 //! it the process group of every toolbox it spawns (`+PGID`) and reaps
 //! (`-PGID`), one per line. When the pipe reaches end-of-file — the daemon
 //! exited, or died — the keeper SIGKILLs every group still listed and, where
-//! the daemon runs each toolbox in a cgroup of its own ([`crate::cgroup`]),
+//! the daemon runs each toolbox in a cgroup of its own ([`crate::process::cgroup`]),
 //! kills every process in those cgroups (`setsid` ones included), removes
 //! them and exits.
 //!
@@ -59,7 +59,7 @@ impl Keeper {
         let exe = EXECUTABLE.get()?;
         let mut command = Command::new(exe);
         command.arg(SUBCOMMAND);
-        if let Some(cgroups) = crate::cgroup::Cgroups::get() {
+        if let Some(cgroups) = crate::process::cgroup::Cgroups::get() {
             command.arg(cgroups.root());
         }
         let started = command
@@ -169,7 +169,7 @@ pub fn run(cgroup_root: Option<PathBuf>) -> ! {
         );
     }
     if let Some(root) = cgroup_root {
-        crate::cgroup::kill_and_remove_tree(&root);
+        crate::process::cgroup::kill_and_remove_tree(&root);
     }
     std::process::exit(0)
 }

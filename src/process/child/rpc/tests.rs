@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::{read_stdout, write_stdin, Link, RpcFailure, RpcHandle};
 use crate::cancel::Cancel;
-use crate::child::{ChildEvent, ExitInfo};
+use crate::process::child::{ChildEvent, ExitInfo};
 
 /// How long a test waits for something that should happen at once.
 const SOON: Duration = Duration::from_secs(5);

@@ -434,7 +434,7 @@ pub(crate) fn secret(name: &str, source: &str) -> Result<String, SandboxError> {
         path: path.clone(),
         why,
     };
-    let mut text = crate::files::read_small_regular(&path, MAX_SECRET_BYTES)
+    let mut text = crate::util::files::read_small_regular(&path, MAX_SECRET_BYTES)
         .map_err(|e| fail(format!("{e:?}")))?;
     if text.ends_with('\n') {
         text.pop();
@@ -470,7 +470,7 @@ impl Plan {
     pub fn apply_in_child(&self) -> std::io::Result<()> {
         // First, while still the daemon's user: the limits' cgroups.
         for entry in &self.limits.entries {
-            crate::cgroup::enter(entry)?;
+            crate::process::cgroup::enter(entry)?;
         }
         // SAFETY: each call below is a plain system call on values prepared
         // before the child started; none allocates or takes a lock.

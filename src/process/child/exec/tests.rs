@@ -110,7 +110,7 @@ fn a_nul_byte_is_refused_before_anything_starts() {
 
 #[test]
 fn the_child_runs_in_its_cgroup_from_its_start() {
-    let Some(cgroups) = crate::cgroup::Cgroups::get() else {
+    let Some(cgroups) = crate::process::cgroup::Cgroups::get() else {
         eprintln!("skipped: no cgroup v2 hierarchy this process may write");
         return;
     };

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use crate::manifest::valid_id;
 
 /// The standard-library helper every Python toolbox imports.
-const PYTHON_HELPER: &str = include_str!("../examples/python/mcp_toolbox.py");
-const PYTHON_TEMPLATE: &str = include_str!("../templates/python_toolbox.py");
-const SHELL_TEMPLATE: &str = include_str!("../templates/shell_toolbox.sh");
+const PYTHON_HELPER: &str = include_str!("../../examples/python/mcp_toolbox.py");
+const PYTHON_TEMPLATE: &str = include_str!("../../templates/python_toolbox.py");
+const SHELL_TEMPLATE: &str = include_str!("../../templates/shell_toolbox.sh");
 
 /// The languages `new` writes toolboxes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -483,7 +483,7 @@ fn run_child(args: &ChildArgs) -> io::Result<()> {
         }
     };
     if let Some(procs) = args.enter {
-        crate::cgroup::enter(procs)?;
+        crate::process::cgroup::enter(procs)?;
     }
     // SAFETY: system calls on values prepared before the clone, or local.
     unsafe {

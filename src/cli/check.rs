@@ -19,7 +19,7 @@ pub async fn check(dirs: &[PathBuf], probe: bool, sandbox: bool, out: &mut impl 
     }
     for m in &set.manifests {
         if sandbox {
-            let (lines, holds) = crate::sandbox::report(m);
+            let (lines, holds) = crate::process::sandbox::report(m);
             ok &= holds;
             for line in lines {
                 let _ = writeln!(out, "sandbox {}  {line}", m.id);
@@ -43,7 +43,7 @@ pub async fn check(dirs: &[PathBuf], probe: bool, sandbox: bool, out: &mut impl 
     }
     if probe {
         // The probed children are gone: so are their limit cgroups.
-        crate::sandbox::limits::remove_daemon_groups();
+        crate::process::sandbox::limits::remove_daemon_groups();
     }
     if set.manifests.is_empty() && set.errors.is_empty() {
         let _ = writeln!(

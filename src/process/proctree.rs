@@ -25,7 +25,7 @@ pub fn usage(roots: &[u32]) -> Option<Usage> {
     let mut members = BTreeSet::new();
     let mut scan = None;
     for &root in roots {
-        match crate::cgroup::Cgroups::get_if_created().and_then(|c| c.procs_of(root)) {
+        match crate::process::cgroup::Cgroups::get_if_created().and_then(|c| c.procs_of(root)) {
             Some(procs) => members.extend(procs),
             None => {
                 let table = scan.get_or_insert_with(scan_proc);
