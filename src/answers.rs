@@ -33,6 +33,11 @@ pub fn call_error(error: &CallError, tool: &str, toolbox: &str) -> String {
              for it already (max_queued_calls); try again later"
         ),
         CallError::Cancelled => CANCELLED_BY_STOP.to_owned(),
+        CallError::TooLarge { bytes, limit } => format!(
+            "ValueError: the call of '{tool}' in toolbox '{toolbox}' would be a {bytes}-byte \
+             request, more than the toolbox takes (max_message_bytes = {limit}); send smaller \
+             arguments, or raise max_message_bytes in its manifest"
+        ),
     }
 }
 

@@ -53,17 +53,17 @@ impl Cancel {
 
 /// The calls in flight by session.
 #[derive(Default)]
-pub struct InFlight {
+pub struct CallsBySession {
     /// session id → (call number → the call's stop).
     calls: Mutex<HashMap<String, HashMap<u64, oneshot::Sender<()>>>>,
     /// Numbers calls, so a finished one removes only its own entry.
     next: AtomicU64,
 }
 
-/// A call's place in [`InFlight`]; removed when the call ends (dropped).
+/// A call's place in [`CallsBySession`]; removed when the call ends (dropped).
 pub struct Registered<'a> {
     /// Where it is registered.
-    in_flight: &'a InFlight,
+    in_flight: &'a CallsBySession,
     /// Its session.
     session: String,
     /// Its number.
@@ -82,7 +82,7 @@ impl Drop for Registered<'_> {
     }
 }
 
-impl InFlight {
+impl CallsBySession {
     fn lock(
         &self,
     ) -> std::sync::MutexGuard<'_, HashMap<String, HashMap<u64, oneshot::Sender<()>>>> {
@@ -145,7 +145,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stop_cancels_its_sessions_calls_only() {
-        let in_flight = InFlight::default();
+        let in_flight = CallsBySession::default();
         let (mut a, _a) = in_flight.register(Some("a"));
         let (mut b, _b) = in_flight.register(Some("b"));
         let (mut d, _d) = in_flight.register(None);
@@ -162,7 +162,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_finished_call_leaves_nothing_behind() {
-        let in_flight = InFlight::default();
+        let in_flight = CallsBySession::default();
         let (mut cancel, place) = in_flight.register(Some("a"));
         drop(place);
         assert!(in_flight.lock().is_empty());

@@ -382,7 +382,7 @@ pub fn status_table(rows: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::operator::{Outcome, Refused};
+    use crate::operator::{Performed, Refused};
     use crate::shutdown::ShutdownTrigger;
 
     /// A private directory for one test's socket, removed at the end.
@@ -415,9 +415,9 @@ mod tests {
         tokio::spawn(async move {
             while let Some(request) = inbox.recv().await {
                 let answer = match request.operation().clone() {
-                    Operation::Status => Ok(Outcome::Status(json!([{"id": "stand-in"}]))),
+                    Operation::Status => Ok(Performed::Status(json!([{"id": "stand-in"}]))),
                     Operation::Restart(id) => Err(Refused::NotHosted(id)),
-                    other => Ok(Outcome::Done(format!("{} done", other.name()))),
+                    other => Ok(Performed::Done(format!("{} done", other.name()))),
                 };
                 request.answer(answer);
             }

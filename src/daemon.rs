@@ -20,7 +20,7 @@ use crate::notify::Notifier;
 use crate::observe::audit::{Audit, AuditError};
 use crate::observe::metrics::{self, Metrics};
 use crate::observe::Observer;
-use crate::operator::{self, Inbox, Operation, Operator, Operators};
+use crate::operator::{self, Operation, Operator, Operators, Requests};
 use crate::peers::Peers;
 use crate::registry::Registry;
 use crate::service::Service;
@@ -343,7 +343,7 @@ struct Daemon {
     /// SIGHUP uses this one.
     operators: Operators,
     /// Requests through the operator channel, for the operator once it runs.
-    inbox: Inbox,
+    inbox: Requests,
     /// Whether the bus connection is up.
     connected: watch::Receiver<bool>,
     /// The bus connection, the embedded bus, the control socket and the

@@ -145,7 +145,7 @@ impl Operation {
 
 /// What an operation did.
 #[derive(Debug, Clone)]
-pub enum Outcome {
+pub enum Performed {
     /// The status rows (see [`status`]).
     Status(Value),
     /// What a reload did.
@@ -156,16 +156,16 @@ pub enum Outcome {
     Logs(Value),
 }
 
-impl Outcome {
+impl Performed {
     /// The outcome as the control socket answers it.
     pub fn into_json(self) -> Value {
         match self {
-            Outcome::Status(rows) => rows,
-            Outcome::Reloaded(report) => {
+            Performed::Status(rows) => rows,
+            Performed::Reloaded(report) => {
                 json!({"loaded": report.loaded, "errors": report.errors_json()})
             }
-            Outcome::Done(text) => Value::String(text),
-            Outcome::Logs(lines) => lines,
+            Performed::Done(text) => Value::String(text),
+            Performed::Logs(lines) => lines,
         }
     }
 }
@@ -183,10 +183,10 @@ pub enum Refused {
 }
 
 /// Where an operation's answer goes, if anyone waits for it.
-pub struct Reply(Option<oneshot::Sender<Result<Outcome, Refused>>>);
+pub struct Reply(Option<oneshot::Sender<Result<Performed, Refused>>>);
 
 impl Reply {
-    fn answer(self, answer: Result<Outcome, Refused>) {
+    fn answer(self, answer: Result<Performed, Refused>) {
         if let Some(tx) = self.0 {
             let _ = tx.send(answer);
         }
@@ -209,7 +209,7 @@ impl Request {
 
     /// Answers the request (for a stand-in that carries operations out
     /// itself, as a test's).
-    pub fn answer(self, answer: Result<Outcome, Refused>) {
+    pub fn answer(self, answer: Result<Performed, Refused>) {
         self.reply.answer(answer);
     }
 }
@@ -224,20 +224,20 @@ pub struct Operators {
 }
 
 /// The receiving side of the operator channel.
-pub struct Inbox {
+pub struct Requests {
     /// The queue from every [`Operators`] handle.
     rx: mpsc::UnboundedReceiver<Request>,
 }
 
 /// A new operator channel.
-pub fn channel() -> (Operators, Inbox) {
+pub fn channel() -> (Operators, Requests) {
     let (tx, rx) = mpsc::unbounded_channel();
-    (Operators { tx }, Inbox { rx })
+    (Operators { tx }, Requests { rx })
 }
 
 impl Operators {
     /// Asks for `operation` and waits for its outcome.
-    pub async fn ask(&self, operation: Operation) -> Result<Outcome, Refused> {
+    pub async fn ask(&self, operation: Operation) -> Result<Performed, Refused> {
         let (tx, rx) = oneshot::channel();
         let request = Request {
             operation,
@@ -256,7 +256,7 @@ impl Operators {
     }
 }
 
-impl Inbox {
+impl Requests {
     /// The next request; `None` once every [`Operators`] handle is gone.
     pub async fn recv(&mut self) -> Option<Request> {
         self.rx.recv().await
@@ -297,7 +297,7 @@ impl Operator {
     /// is gone); returns the supervisor, for shutdown. A reload under way when
     /// `stop` comes is finished first; requests still queued then are
     /// answered "the daemon is shutting down".
-    pub async fn run(self, mut inbox: Inbox, mut stop: Shutdown) -> Supervisor {
+    pub async fn run(self, mut inbox: Requests, mut stop: Shutdown) -> Supervisor {
         let Operator {
             mut supervisor,
             registry,
@@ -364,7 +364,7 @@ impl Operator {
                 }
             };
             for reply in batch {
-                reply.answer(Ok(Outcome::Reloaded(report.clone())));
+                reply.answer(Ok(Performed::Reloaded(report.clone())));
             }
             // New toolboxes are checked against the other hosts afresh.
             check = Some(peer_check(&peers));
@@ -409,7 +409,7 @@ fn take(registry: &Registry, request: Request, reloads: &mut Vec<Reply>) {
                 let measured = tokio::task::spawn_blocking(move || with_usage(rows)).await;
                 reply.answer(
                     measured
-                        .map(Outcome::Status)
+                        .map(Performed::Status)
                         .map_err(|_| Refused::ShuttingDown),
                 );
             });
@@ -426,7 +426,7 @@ fn take(registry: &Registry, request: Request, reloads: &mut Vec<Reply>) {
 }
 
 /// The last `lines` stderr lines of toolbox `id`.
-fn logs(registry: &Registry, id: &str, lines: usize) -> Result<Outcome, Refused> {
+fn logs(registry: &Registry, id: &str, lines: usize) -> Result<Performed, Refused> {
     let catalog = registry.snapshot();
     let entry = catalog
         .toolbox(id)
@@ -442,7 +442,7 @@ fn logs(registry: &Registry, id: &str, lines: usize) -> Result<Outcome, Refused>
             })
         })
         .collect();
-    Ok(Outcome::Logs(Value::Array(rows)))
+    Ok(Performed::Logs(Value::Array(rows)))
 }
 
 /// Runs `act` on toolbox `id` as a task of its own, and answers with what it
@@ -450,7 +450,7 @@ fn logs(registry: &Registry, id: &str, lines: usize) -> Result<Outcome, Refused>
 fn on_toolbox<F, Fut>(registry: &Registry, id: &str, reply: Reply, act: F)
 where
     F: FnOnce(ToolboxHandle) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = crate::toolbox::Outcome> + Send,
+    Fut: std::future::Future<Output = crate::toolbox::CommandResult> + Send,
 {
     let Some(handle) = registry
         .snapshot()
@@ -461,7 +461,7 @@ where
     };
     tokio::spawn(async move {
         let outcome = act(handle).await;
-        reply.answer(outcome.map(Outcome::Done).map_err(Refused::Failed));
+        reply.answer(outcome.map(Performed::Done).map_err(Refused::Failed));
     });
 }
 
@@ -642,7 +642,7 @@ mod tests {
             errors: vec![("m.toml".to_owned(), "bad".to_owned())],
         };
         assert_eq!(
-            Outcome::Reloaded(report).into_json(),
+            Performed::Reloaded(report).into_json(),
             json!({"loaded": ["math"], "errors": [{"manifest": "m.toml", "error": "bad"}]})
         );
     }

@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 
 use crate::answers;
 use crate::bus::envelope::{Message, Object, Unbuilt};
-use crate::cancel::{Cancel, InFlight};
+use crate::cancel::{CallsBySession, Cancel};
 use crate::object;
-use crate::observe::{Finished, Observer, Outcome};
+use crate::observe::{Ending, Finished, Observer};
 use crate::operator::{self, Operation, Operators};
 use crate::peers::{Asker, Peers};
 use crate::progress;
@@ -55,7 +55,7 @@ pub struct Service {
     /// Malformed frames logged per second: any client can send thousands.
     malformed: std::sync::Mutex<LogBudget>,
     /// The calls in flight by session, for the global stop to cancel.
-    in_flight: InFlight,
+    in_flight: CallsBySession,
     /// Where finished calls are reported (metrics, audit log).
     observer: Observer,
     /// The room the requests of calls in progress share.
@@ -104,7 +104,7 @@ impl Service {
             flat,
             peers,
             malformed: std::sync::Mutex::new(LogBudget::new(MALFORMED_PER_SECOND)),
-            in_flight: InFlight::default(),
+            in_flight: CallsBySession::default(),
             observer,
             held: refusals::Held::default(),
         })
@@ -346,7 +346,11 @@ impl Service {
             return;
         }
         let answer = match request.data.get("name").and_then(Value::as_str) {
-            None | Some("") => Err(answers::MISSING_NAME.to_owned()),
+            None | Some("") => {
+                let answer = Err(answers::MISSING_NAME.to_owned());
+                self.report_unrun(request, id, "", Ending::Invalid, arrived, &answer);
+                answer
+            }
             Some(name) => {
                 let args = arguments(request, "kwargs");
                 self.call_in(request, id, name, args, arrived, cancel).await
@@ -357,7 +361,9 @@ impl Service {
 
     /// Resolves `name` in toolbox `id` and runs the call. A toolbox still
     /// starting for the first time has no tool list yet: wait for it, within
-    /// the call's deadline.
+    /// the call's deadline. A call that ends before it runs (the toolbox
+    /// stopped or failed, its start not over in time, a stop, an unknown
+    /// tool) is reported here, the tool named only if the toolbox has it.
     async fn call_in(
         &self,
         request: &Message,
@@ -367,17 +373,20 @@ impl Service {
         arrived: &Arrival,
         cancel: &mut Cancel,
     ) -> Result<Value, String> {
+        let unrun = |tool: &str, outcome: Ending, answer: String| {
+            let answer = Err(answer);
+            self.report_unrun(request, id, tool, outcome, arrived, &answer);
+            answer
+        };
         let mut catalog = self.registry.snapshot();
         for attempt in 0..2 {
             let Some(entry) = catalog.toolbox(id) else {
-                return Err(answers::call_error(
-                    &crate::toolbox::CallError::Stopped,
-                    name,
-                    id,
-                ));
+                let stopped = &crate::toolbox::CallError::Stopped;
+                return unrun("", Ending::Error, answers::call_error(stopped, name, id));
             };
+            let known = entry.tools.get(name).map_or("", |tool| tool.name.as_str());
             if let State::Failed { reason } = &entry.state {
-                return Err(answers::failed(id, reason));
+                return unrun(known, Ending::Error, answers::failed(id, reason));
             }
             match entry.tools.get(name) {
                 Some(tool) => {
@@ -392,18 +401,46 @@ impl Service {
                     let limit = entry.handle.deadline_of(name);
                     let started = tokio::select! {
                         started = entry.handle.wait_started(arrived.at + limit) => started,
-                        () = cancel.fired() => return Err(answers::CANCELLED_BY_STOP.to_owned()),
+                        () = cancel.fired() => {
+                            let stopped = answers::CANCELLED_BY_STOP.to_owned();
+                            return unrun("", Ending::Cancelled, stopped);
+                        }
                     };
                     if !started {
                         let timeout = crate::toolbox::CallError::Timeout(limit);
-                        return Err(answers::call_error(&timeout, name, id));
+                        let answer = answers::call_error(&timeout, name, id);
+                        return unrun("", Ending::Timeout, answer);
                     }
                     catalog = self.registry.snapshot();
                 }
                 None => break,
             }
         }
-        Err(answers::unknown_tool_in(name, id))
+        unrun("", Ending::Error, answers::unknown_tool_in(name, id))
+    }
+
+    /// Reports a call that ended before it was run: to the metrics and the
+    /// audit log, not to the toolbox's counters (no child had it). `toolbox`
+    /// and `tool` are labels: empty unless they name a hosted toolbox and
+    /// one of its tools, so a caller's made-up name never becomes a series.
+    fn report_unrun(
+        &self,
+        request: &Message,
+        toolbox: &str,
+        tool: &str,
+        outcome: Ending,
+        arrived: &Arrival,
+        answer: &Result<Value, String>,
+    ) {
+        self.observer.call_finished(&Finished {
+            toolbox,
+            tool,
+            outcome,
+            took: arrived.at.elapsed(),
+            request,
+            answer,
+            arguments: None,
+        });
     }
 
     /// One call: run it ([`Service::attempt`]), then count it and report
@@ -422,7 +459,7 @@ impl Service {
             .attempt(request, handle, tool, args, arrived, cancel)
             .await;
         let took = arrived.at.elapsed();
-        if outcome != Outcome::Invalid {
+        if outcome != Ending::Invalid {
             handle.stats().record_call(answer.is_ok(), took);
         }
         self.observer.call_finished(&Finished {
@@ -449,13 +486,13 @@ impl Service {
         args: Value,
         arrived: &Arrival,
         cancel: &mut Cancel,
-    ) -> (Result<Value, String>, Outcome) {
+    ) -> (Result<Value, String>, Ending) {
         let (name, id) = (tool.name.as_str(), handle.id());
         let args = match check_arguments(handle, tool, args, arrived).await {
             Ok(args) => args,
             Err(why) => {
                 let error = answers::invalid_arguments(name, id, &why);
-                return (Err(error), Outcome::Invalid);
+                return (Err(error), Ending::Invalid);
             }
         };
         // Progress reports on the call topic: the persona one for the
@@ -483,13 +520,13 @@ impl Service {
                         Ok(result)
                     });
                 let outcome = if answer.is_ok() {
-                    Outcome::Ok
+                    Ending::Ok
                 } else {
-                    Outcome::Error
+                    Ending::Error
                 };
                 (answer, outcome)
             }
-            Err(e) => (Err(answers::call_error(&e, name, id)), Outcome::of(&e)),
+            Err(e) => (Err(answers::call_error(&e, name, id)), Ending::of(&e)),
         }
     }
 
@@ -515,6 +552,8 @@ impl Service {
             .and_then(Value::as_str)
             .filter(|n| !n.is_empty())
         else {
+            let answer = Err(answers::MISSING_NAME.to_owned());
+            self.report_unrun(request, "", "", Ending::Invalid, arrived, &answer);
             self.respond(
                 request,
                 object! {"name" => "", "error" => answers::MISSING_NAME},
@@ -528,14 +567,22 @@ impl Service {
                 self.run(request, &entry.handle, tool, args, arrived, cancel)
                     .await
             }
-            Resolved::Unknown => Err(answers::unknown_tool(name)),
-            Resolved::Ambiguous(ids) => Err(answers::ambiguous(name, ids)),
+            Resolved::Unknown => {
+                let answer = Err(answers::unknown_tool(name));
+                self.report_unrun(request, "", "", Ending::Error, arrived, &answer);
+                answer
+            }
+            Resolved::Ambiguous(ids) => {
+                let answer = Err(answers::ambiguous(name, ids));
+                self.report_unrun(request, "", "", Ending::Error, arrived, &answer);
+                answer
+            }
         };
         self.respond(request, answer_data("name", name, answer));
     }
 
     async fn reload(&self, request: &Message) {
-        let Ok(operator::Outcome::Reloaded(report)) = self.operators.ask(Operation::Reload).await
+        let Ok(operator::Performed::Reloaded(report)) = self.operators.ask(Operation::Reload).await
         else {
             tracing::warn!("reload requested while shutting down; ignored");
             return;

@@ -98,14 +98,51 @@ async fn one_line_per_call_with_its_outcome_and_arguments_only_when_opted_in() {
             .starts_with("Ambiguous"),
         "{r}"
     );
-    // A tool nobody lists is answered, not audited (no call was made).
+    // A tool nobody lists is answered and audited too, though no child had
+    // it: under its toolbox, with no tool named.
     let unknown = call_from(&mut bus, "s-1", "math", "nope", json!({})).await;
     assert!(unknown["error"].is_string());
 
     // Shutdown writes out what is queued.
     assert!(daemon.stop().success());
     let lines = lines(&log);
-    assert_eq!(lines.len(), 4, "{lines:#?}");
+    assert_eq!(lines.len(), 6, "{lines:#?}");
+    // The calls that ended before a child had them, in order: the
+    // ambiguous invoke (no toolbox to name), the unknown tool.
+    let (ambiguous, nope) = (&lines[4], &lines[5]);
+    assert_eq!(
+        (
+            &ambiguous["topic"],
+            &ambiguous["toolbox"],
+            &ambiguous["tool"],
+            &ambiguous["outcome"]
+        ),
+        (
+            &json!("ovos.tools.invoke"),
+            &json!(""),
+            &json!(""),
+            &json!("error")
+        ),
+        "{ambiguous}"
+    );
+    assert!(
+        ambiguous["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("Ambiguous"),
+        "{ambiguous}"
+    );
+    assert_eq!(
+        (
+            &nope["toolbox"],
+            &nope["tool"],
+            &nope["session"],
+            &nope["outcome"]
+        ),
+        (&json!("math"), &json!(""), &json!("s-1"), &json!("error")),
+        "{nope}"
+    );
+    let lines = &lines[..4];
     let expect = [
         ("math", "add", "s-1", "ok"),
         ("math", "add", "s-1", "invalid"),

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use common::{math_manifest, repo, wait_until, Bus, Daemon, TempDir, ANSWER_DEADLINE};
 
@@ -200,6 +200,10 @@ async fn metrics_count_a_known_mix_of_calls() {
         ("math", "sqrt", "error", 1.0),
         ("slow", "hang", "timeout", 1.0),
         ("slow", "ok", "busy", 1.0),
+        // Ended before a child had them, under no made-up name: the unknown
+        // tool of `f`, and the invoke of a name nobody lists.
+        ("f", "", "error", 1.0),
+        ("", "", "error", 1.0),
     ];
     for (toolbox, tool, outcome, count) in expected {
         assert_eq!(
@@ -213,7 +217,7 @@ async fn metrics_count_a_known_mix_of_calls() {
         .filter(|l| l.starts_with("toolboxd_calls_total{"))
         .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum();
-    assert_eq!(total, 8.0, "every call counted once:\n{text}");
+    assert_eq!(total, 10.0, "every call counted once:\n{text}");
     assert!(
         !text.contains("no_such_tool") && !text.contains("nor_this"),
         "{text}"
@@ -392,4 +396,143 @@ async fn relayed_progress_and_stop_cancelled_calls_are_counted() {
     let series = "toolboxd_progress_messages_total{toolbox=\"flood\",tool=\"flood\"}";
     assert_eq!(value(&text, series), Some(relayed as f64), "{text}");
     assert_eq!(calls(&text, "slow", "hang", "cancelled"), 1.0, "{text}");
+}
+
+#[tokio::test]
+async fn calls_that_end_before_they_run_are_counted_and_audited_and_an_oversize_request_is_no_crash(
+) {
+    // Calls that ended before they reached a child (refused at the door, a
+    // failed toolbox, an unknown tool) reached neither the metrics nor the
+    // audit log, and a request over the child's max_message_bytes counted
+    // as the toolbox's crash.
+    let dir = TempDir::new("metrics-unrun");
+    dir.write(
+        "slow.toml",
+        &common::fixture_manifest("slow", "[limits]\nmax_argument_bytes = 8388608"),
+    );
+    dir.write(
+        "small.toml",
+        &common::fixture_manifest("small", "[limits]\nmax_message_bytes = 16384"),
+    );
+    dir.write(
+        "broken.toml",
+        &faulty(
+            "broken",
+            "env = { FAULT = \"exit_at_start\" }\n\
+             [restart]\nbackoff_initial_ms = 50\nbackoff_max_ms = 100\nmax_restarts = 1\n",
+        ),
+    );
+    let audit = TempDir::writable("metrics-unrun-audit");
+    let log = audit.path().join("audit.log");
+    let daemon = Daemon::start_env(
+        &[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+            "--audit-log",
+            log.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let addr: SocketAddr = daemon.log_lines_with("metrics listening")[0]["addr"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    daemon.wait_for_state("broken", "failed", Duration::from_secs(20));
+    let mut bus = Bus::connect(&daemon.url).await;
+
+    // An oversize request: the caller's error, the child never sent it.
+    let answer = bus
+        .call(
+            "small",
+            "slow_whoami",
+            json!({"seconds": 0, "pad": "x".repeat(20_000)}),
+        )
+        .await;
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("ValueError: the call of 'slow_whoami' in toolbox 'small'")
+            && error.contains("max_message_bytes = 16384"),
+        "{answer}"
+    );
+    // A failed toolbox, an unknown tool, a made-up toolbox.
+    let failed = bus.call("broken", "anything", json!({})).await;
+    assert!(
+        failed["error"].as_str().unwrap().contains("is failed"),
+        "{failed}"
+    );
+    let unknown = bus.call("slow", "no_such_tool", json!({})).await;
+    assert!(unknown["error"].as_str().is_some(), "{unknown}");
+    // Refused at the door: one peer's calls with 1.5 MiB of arguments
+    // (counted 16 times) pass its share of the room at the second.
+    let big = "x".repeat(3 << 19);
+    let mut marks = Vec::new();
+    for _ in 0..2 {
+        let m = common::mark();
+        bus.send(
+            "ovos.persona.tools.call",
+            json!({"toolbox_id": "slow", "name": "slow_whoami", "kwargs": {"seconds": 2.0, "big": big}}),
+            json!({"mark": m}),
+        )
+        .await;
+        marks.push(m);
+    }
+    let refused = bus.persona_answer(&marks[1], Duration::from_secs(10)).await;
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains("busy for this client"),
+        "{refused}"
+    );
+    bus.persona_answer(&marks[0], Duration::from_secs(20)).await;
+
+    let text = scrape(addr);
+    assert_eq!(
+        calls(&text, "small", "slow_whoami", "invalid"),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(calls(&text, "small", "slow_whoami", "crash"), 0.0, "{text}");
+    assert_eq!(calls(&text, "slow", "slow_whoami", "busy"), 1.0, "{text}");
+    assert_eq!(calls(&text, "broken", "", "error"), 1.0, "{text}");
+    assert_eq!(calls(&text, "slow", "", "error"), 1.0, "{text}");
+    for made_up in ["no_such_tool", "anything"] {
+        assert!(!text.contains(made_up), "{made_up} became a label: {text}");
+    }
+    // The audit log has each ending with its outcome.
+    wait_until(
+        "the audit lines are written",
+        Duration::from_secs(10),
+        || std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() >= 5),
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let outcomes: Vec<(String, String)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["toolbox"].as_str().unwrap_or_default().to_owned(),
+                l["outcome"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    for expected in [
+        ("small", "invalid"),
+        ("broken", "error"),
+        ("slow", "busy"),
+        ("slow", "ok"),
+    ] {
+        assert!(
+            outcomes.contains(&(expected.0.to_owned(), expected.1.to_owned())),
+            "{expected:?} not in {outcomes:?}"
+        );
+    }
 }

@@ -16,7 +16,7 @@ const MARK: &str = "toolboxd_request";
 
 /// Why a bus request got no answer.
 #[derive(Debug, thiserror::Error)]
-pub enum CallError {
+pub enum RequestError {
     #[error(transparent)]
     Bus(#[from] BusError),
     #[error("bus connection failed: {0}")]
@@ -36,7 +36,7 @@ pub async fn request(
     topic: &str,
     data: Object,
     wait: Duration,
-) -> Result<Object, CallError> {
+) -> Result<Object, RequestError> {
     let mut ws = client::connect(url).await?.ws;
     let mark = format!(
         "{}-{}",
@@ -58,12 +58,12 @@ pub async fn request(
         .insert(MARK.into(), Value::String(mark.clone()));
     ws.send(WsMessage::text(message.encode()))
         .await
-        .map_err(|e| CallError::Io(e.to_string()))?;
+        .map_err(|e| RequestError::Io(e.to_string()))?;
     let expected = format!("{topic}.response");
     let answer = async {
         while let Some(frame) = ws.next().await {
             tcp::quickack(ws.get_ref());
-            let frame = frame.map_err(|e| CallError::Io(e.to_string()))?;
+            let frame = frame.map_err(|e| RequestError::Io(e.to_string()))?;
             let WsMessage::Text(text) = frame else {
                 continue;
             };
@@ -76,12 +76,12 @@ pub async fn request(
                 return Ok(reply.data);
             }
         }
-        Err(CallError::Io("the bus closed the connection".to_owned()))
+        Err(RequestError::Io("the bus closed the connection".to_owned()))
     };
     let result = tokio::time::timeout(wait, answer).await;
     let _ = ws.close(None).await;
     result.unwrap_or_else(|_| {
-        Err(CallError::NoAnswer {
+        Err(RequestError::NoAnswer {
             topic: topic.to_owned(),
             secs: wait.as_secs(),
             hint: match message.data.get("toolbox_id") {

@@ -193,8 +193,8 @@ impl Audit {
     /// because the writer is behind. Never waits.
     pub fn record(&self, call: &Finished<'_>) -> bool {
         let refused = match call.outcome {
-            crate::observe::ending::Outcome::Invalid => Some(0),
-            crate::observe::ending::Outcome::Busy => Some(1),
+            crate::observe::ending::Ending::Invalid => Some(0),
+            crate::observe::ending::Ending::Busy => Some(1),
             _ => None,
         };
         if let Some(kind) = refused {
@@ -285,8 +285,8 @@ impl Audit {
                 .collect()
         };
         for (outcome, repeated) in [
-            crate::observe::ending::Outcome::Invalid,
-            crate::observe::ending::Outcome::Busy,
+            crate::observe::ending::Ending::Invalid,
+            crate::observe::ending::Ending::Busy,
         ]
         .iter()
         .zip(pending)

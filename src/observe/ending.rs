@@ -1,5 +1,5 @@
 //! How a call ended, as every sink of [`super`] reads it: its
-//! [`Outcome`] and the [`Finished`] record.
+//! [`Ending`] and the [`Finished`] record.
 
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use crate::toolbox::CallError;
 /// How a call ended: the `outcome` label of the calls metric and the audit
 /// log's `outcome` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
+pub enum Ending {
     /// Answered with a result.
     Ok,
     /// Answered with an error: the tool's own, a JSON-RPC error, an output
@@ -29,39 +29,40 @@ pub enum Outcome {
     Busy,
 }
 
-impl Outcome {
+impl Ending {
     /// Every outcome, in the order metrics list them.
-    pub const ALL: [Outcome; 7] = [
-        Outcome::Ok,
-        Outcome::Error,
-        Outcome::Invalid,
-        Outcome::Timeout,
-        Outcome::Crash,
-        Outcome::Cancelled,
-        Outcome::Busy,
+    pub const ALL: [Ending; 7] = [
+        Ending::Ok,
+        Ending::Error,
+        Ending::Invalid,
+        Ending::Timeout,
+        Ending::Crash,
+        Ending::Cancelled,
+        Ending::Busy,
     ];
 
     /// The outcome's name, as metrics and the audit log write it.
     pub fn name(self) -> &'static str {
         match self {
-            Outcome::Ok => "ok",
-            Outcome::Error => "error",
-            Outcome::Invalid => "invalid",
-            Outcome::Timeout => "timeout",
-            Outcome::Crash => "crash",
-            Outcome::Cancelled => "cancelled",
-            Outcome::Busy => "busy",
+            Ending::Ok => "ok",
+            Ending::Error => "error",
+            Ending::Invalid => "invalid",
+            Ending::Timeout => "timeout",
+            Ending::Crash => "crash",
+            Ending::Cancelled => "cancelled",
+            Ending::Busy => "busy",
         }
     }
 
     /// How a call that got no result from its toolbox ended.
-    pub fn of(error: &CallError) -> Outcome {
+    pub fn of(error: &CallError) -> Ending {
         match error {
-            CallError::Timeout(_) => Outcome::Timeout,
-            CallError::Exited(_) | CallError::Broken(_) => Outcome::Crash,
-            CallError::Rpc(_) | CallError::Failed(_) | CallError::Stopped => Outcome::Error,
-            CallError::Busy { .. } => Outcome::Busy,
-            CallError::Cancelled => Outcome::Cancelled,
+            CallError::Timeout(_) => Ending::Timeout,
+            CallError::Exited(_) | CallError::Broken(_) => Ending::Crash,
+            CallError::Rpc(_) | CallError::Failed(_) | CallError::Stopped => Ending::Error,
+            CallError::Busy { .. } => Ending::Busy,
+            CallError::Cancelled => Ending::Cancelled,
+            CallError::TooLarge { .. } => Ending::Invalid,
         }
     }
 }
@@ -73,7 +74,7 @@ pub struct Finished<'a> {
     /// The tool, as the catalog knows it (never an unknown name).
     pub tool: &'a str,
     /// How it ended.
-    pub outcome: Outcome,
+    pub outcome: Ending,
     /// From its arrival to its answer.
     pub took: Duration,
     /// The request: its topic and session, for the audit log.

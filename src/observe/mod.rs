@@ -14,7 +14,7 @@ pub mod audit;
 pub mod ending;
 pub mod metrics;
 
-pub use ending::{Finished, Outcome};
+pub use ending::{Ending, Finished};
 
 /// Where finished calls are reported: the metrics and the audit log, each
 /// only when the daemon was asked for it. Cheap to clone.

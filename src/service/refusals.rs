@@ -22,6 +22,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::{answers, Message, Object, Service, Topic, Value, MAX_CONTEXT_BYTES};
 use crate::bus::server::Peer;
+use crate::observe::{Ending, Finished};
+use crate::protocol::topics::route;
+use crate::registry::Resolved;
 
 /// What the requests of all calls in progress may hold, counted as their
 /// frame's size times [`TREE_FACTOR`]: 8,000 calls of 1 KiB, eight with
@@ -202,6 +205,7 @@ impl Service {
             data,
             context,
         };
+        let labels = self.door_labels(&request);
         let error = match why {
             NoRoom::Full => {
                 tracing::debug!(topic = %request.msg_type, bytes = frame.len(), "refused a call: the calls in progress hold all they may");
@@ -216,7 +220,52 @@ impl Service {
                 )
             }
         };
+        let answer = Err(error);
+        if let Some((toolbox, tool)) = labels {
+            self.observer.call_finished(&Finished {
+                toolbox: &toolbox,
+                tool: &tool,
+                outcome: Ending::Busy,
+                took: std::time::Duration::ZERO,
+                request: &request,
+                answer: &answer,
+                arguments: None,
+            });
+        }
+        let Err(error) = answer else { return };
         self.respond(&request, Self::error_data(&request, error));
+    }
+
+    /// The (toolbox, tool) labels a call refused at the door is reported
+    /// under: `None` when no toolbox hosted here would have had it (another
+    /// host's, or a name nobody serves); the tool empty unless it is one of
+    /// the toolbox's.
+    fn door_labels(&self, request: &Message) -> Option<(String, String)> {
+        let catalog = self.registry.snapshot();
+        let name = request
+            .data
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let id = match route(&request.msg_type)? {
+            Topic::Invoke => {
+                return match catalog.resolve(name) {
+                    Resolved::One(entry, tool) => {
+                        Some((entry.handle.id().to_owned(), tool.name.clone()))
+                    }
+                    _ => None,
+                }
+            }
+            Topic::Predecessor(id) => id,
+            _ => request.data.get("toolbox_id")?.as_str()?.to_owned(),
+        };
+        let entry = catalog.toolbox(&id).filter(|e| e.is_hosted())?;
+        let tool = entry
+            .tools
+            .get(name)
+            .map_or("", |t| t.name.as_str())
+            .to_owned();
+        Some((id, tool))
     }
 
     /// An error answer's data: the error, with the request's `name` and

@@ -80,7 +80,7 @@ pub(super) async fn call<P: serde::Serialize + ?Sized>(
         Some(Err(why)) => return Ok(tool_error(format!("ToolError: tool '{tool}': {why}"))),
         Some(Ok(task)) => task,
     };
-    let mut running = Running {
+    let mut running = TaskInFlight {
         rpc,
         tool,
         id: task.id,
@@ -101,7 +101,7 @@ fn given_up<T>(outcome: &Result<T, RpcFailure>) -> bool {
 
 /// A task this call created. Dropped before the task is over (the deadline
 /// passed, a stop, or the caller went away), it cancels the task.
-struct Running<'a> {
+struct TaskInFlight<'a> {
     /// The child running the task.
     rpc: &'a RpcHandle,
     /// The tool, for error texts and log lines.
@@ -116,7 +116,7 @@ struct Running<'a> {
     over: bool,
 }
 
-impl Running<'_> {
+impl TaskInFlight<'_> {
     /// One request about the task (`tasks/result`, `tasks/get`), left to
     /// finish past the deadline or a stop: the slot stays held until it has.
     async fn ask(
@@ -237,7 +237,7 @@ impl Running<'_> {
     }
 }
 
-impl Drop for Running<'_> {
+impl Drop for TaskInFlight<'_> {
     fn drop(&mut self) {
         if self.over {
             return;

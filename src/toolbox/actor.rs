@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
 use super::running::{drain_and_stop, Down, Running};
-use super::{CallLimits, Command, Outcome, RestartReason, Serving, Slot, State, Stats};
+use super::{CallLimits, Command, CommandResult, RestartReason, Serving, Slot, State, Stats};
 use crate::launch::{self, Launched};
 use crate::manifest::Manifest;
 use crate::mcp;
@@ -50,7 +50,7 @@ const STARTS_AT_ONCE: usize = 4;
 /// The turns of [`STARTS_AT_ONCE`] (never closed).
 static START_TURNS: Semaphore = Semaphore::const_new(STARTS_AT_ONCE);
 
-type Reply = oneshot::Sender<Outcome>;
+type Reply = oneshot::Sender<CommandResult>;
 
 /// What the actor publishes for the toolbox's handles.
 pub(super) struct Outbox {
@@ -505,7 +505,7 @@ impl Actor {
     /// Rolling restart, into `manifest` when given: launch a new child, make
     /// it the serving one, and let the old one drain in the background. On
     /// failure the old child (and configuration) keeps serving.
-    async fn roll(&mut self, running: &mut Running, manifest: Option<Manifest>) -> Outcome {
+    async fn roll(&mut self, running: &mut Running, manifest: Option<Manifest>) -> CommandResult {
         let old_pid = running.child.pid();
         let reason = match manifest {
             Some(_) => RestartReason::Reload,

@@ -67,6 +67,9 @@ pub enum CallError {
     /// A stop (`mycroft.stop`) for the caller's session cancelled it; the
     /// child, if it had the call, was told to cancel it.
     Cancelled,
+    /// The request would be larger than the child may be sent
+    /// (`max_message_bytes`): the caller's error; the child never saw it.
+    TooLarge { bytes: usize, limit: usize },
 }
 /// A toolbox's lifecycle state (docs/operations.md, "What to do in each state").
 #[derive(Debug, Clone, PartialEq)]
@@ -117,7 +120,7 @@ impl State {
 }
 
 /// The answer to an operator command: what happened, or why it could not.
-pub type Outcome = Result<String, String>;
+pub type CommandResult = Result<String, String>;
 
 /// Requests to the actor.
 enum Command {
@@ -130,16 +133,22 @@ enum Command {
         done: oneshot::Sender<()>,
     },
     /// Drain and stop the child.
-    Stop { done: oneshot::Sender<Outcome> },
+    Stop {
+        done: oneshot::Sender<CommandResult>,
+    },
     /// Start a stopped or failed toolbox.
-    Start { done: oneshot::Sender<Outcome> },
+    Start {
+        done: oneshot::Sender<CommandResult>,
+    },
     /// Rolling restart: start a new child, switch calls to it, drain the old.
-    Restart { done: oneshot::Sender<Outcome> },
+    Restart {
+        done: oneshot::Sender<CommandResult>,
+    },
     /// Rolling restart into a changed manifest (same id); on failure the old
     /// configuration keeps running.
     Reconfigure {
         manifest: Box<Manifest>,
-        done: oneshot::Sender<Outcome>,
+        done: oneshot::Sender<CommandResult>,
     },
 }
 
@@ -361,6 +370,9 @@ impl ToolboxHandle {
                 Err(RpcFailure::Cancelled) => Err(CallError::Cancelled),
                 Err(RpcFailure::Exited(exit)) => Err(CallError::Exited(exit)),
                 Err(RpcFailure::Broken(why)) => Err(CallError::Broken(why)),
+                Err(RpcFailure::TooLarge { bytes, limit }) => {
+                    Err(CallError::TooLarge { bytes, limit })
+                }
             };
         }
     }
@@ -483,7 +495,10 @@ impl ToolboxHandle {
 
     /// Sends a command to every instance in turn (so a restart rolls one
     /// instance at a time) and combines their answers.
-    async fn command(&self, make: impl Fn(oneshot::Sender<Outcome>) -> Command) -> Outcome {
+    async fn command(
+        &self,
+        make: impl Fn(oneshot::Sender<CommandResult>) -> Command,
+    ) -> CommandResult {
         let gone = || format!("toolbox '{}' is shutting down", self.id);
         let mut done = Vec::new();
         let mut failed = Vec::new();
@@ -513,24 +528,24 @@ impl ToolboxHandle {
     }
 
     /// Drains and stops the toolbox; returns when its child is gone.
-    pub async fn stop(&self) -> Outcome {
+    pub async fn stop(&self) -> CommandResult {
         self.command(|done| Command::Stop { done }).await
     }
 
     /// Starts a stopped or failed toolbox; returns when it is ready or failed.
-    pub async fn start(&self) -> Outcome {
+    pub async fn start(&self) -> CommandResult {
         self.command(|done| Command::Start { done }).await
     }
 
     /// Rolling restart; returns when the new child serves, or why it could not
     /// (the old child then keeps serving).
-    pub async fn restart(&self) -> Outcome {
+    pub async fn restart(&self) -> CommandResult {
         self.command(|done| Command::Restart { done }).await
     }
 
     /// Applies a changed manifest with a rolling restart; on failure the old
     /// configuration keeps serving.
-    pub async fn reconfigure(&self, manifest: Manifest) -> Outcome {
+    pub async fn reconfigure(&self, manifest: Manifest) -> CommandResult {
         self.command(|done| Command::Reconfigure {
             manifest: Box::new(manifest.clone()),
             done,

@@ -1,6 +1,6 @@
 use super::*;
 use crate::bus::envelope::Message as BusMessage;
-use crate::observe::ending::Outcome;
+use crate::observe::ending::Ending;
 use serde_json::json;
 
 #[test]
@@ -36,9 +36,9 @@ fn finished<'a>(
         toolbox: "math",
         tool: "add",
         outcome: if answer.is_ok() {
-            Outcome::Ok
+            Ending::Ok
         } else {
-            Outcome::Error
+            Ending::Error
         },
         took: Duration::from_micros(1500),
         request,
@@ -93,7 +93,7 @@ fn refusals_are_written_once_a_second_and_counted_and_the_file_rotates() {
     let request = request();
     let refused = Err("ValueError: Tool input validation failed".to_owned());
     let mut call = finished(&request, &refused, None);
-    call.outcome = Outcome::Invalid;
+    call.outcome = Ending::Invalid;
     for _ in 0..1000 {
         assert!(audit.record(&call));
     }
@@ -124,7 +124,7 @@ fn refusals_are_written_once_a_second_and_counted_and_the_file_rotates() {
     // A burst that no later refusal follows: its count at close.
     let audit = Audit::open(&path).unwrap();
     let mut busy = finished(&request, &refused, None);
-    busy.outcome = Outcome::Busy;
+    busy.outcome = Ending::Busy;
     for _ in 0..5 {
         assert!(audit.record(&busy));
     }

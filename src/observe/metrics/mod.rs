@@ -27,7 +27,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
 
-use crate::observe::ending::Outcome;
+use crate::observe::ending::Ending;
 
 /// Most (toolbox, tool) pairs with series of their own.
 pub const MAX_TOOL_SERIES: usize = 1000;
@@ -42,7 +42,7 @@ const DURATION_BUCKETS: [f64; 16] = [
     60.0,
 ];
 
-impl EncodeLabelValue for Outcome {
+impl EncodeLabelValue for Ending {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
         EncodeLabelValue::encode(&self.name(), encoder)
     }
@@ -53,7 +53,7 @@ impl EncodeLabelValue for Outcome {
 struct CallLabels {
     toolbox: Arc<str>,
     tool: Arc<str>,
-    outcome: Outcome,
+    outcome: Ending,
 }
 
 /// Labels of `toolboxd_call_duration_seconds`.
@@ -65,8 +65,8 @@ struct ToolLabels {
 
 /// One (toolbox, tool) pair's series, held for the call path.
 struct ToolSeries {
-    /// `toolboxd_calls_total`, one per [`Outcome`] (in `Outcome::ALL` order).
-    calls: [Counter; Outcome::ALL.len()],
+    /// `toolboxd_calls_total`, one per [`Ending`] (in `Ending::ALL` order).
+    calls: [Counter; Ending::ALL.len()],
     /// `toolboxd_call_duration_seconds`.
     duration: Histogram,
     /// `toolboxd_progress_messages_total`.
@@ -143,9 +143,9 @@ impl Metrics {
     }
 
     /// Counts a finished call of `tool` in `toolbox`, which took `took`.
-    pub fn call_finished(&self, toolbox: &str, tool: &str, outcome: Outcome, took: Duration) {
+    pub fn call_finished(&self, toolbox: &str, tool: &str, outcome: Ending, took: Duration) {
         let series = self.series_of(toolbox, tool);
-        if let Some(i) = Outcome::ALL.iter().position(|&o| o == outcome) {
+        if let Some(i) = Ending::ALL.iter().position(|&o| o == outcome) {
             series.calls[i].inc();
         }
         series.duration.observe(took.as_secs_f64());
@@ -195,7 +195,7 @@ impl Metrics {
     }
 
     fn new_series(&self, toolbox: &Arc<str>, tool: &Arc<str>) -> ToolSeries {
-        let calls = Outcome::ALL.map(|outcome| {
+        let calls = Ending::ALL.map(|outcome| {
             self.calls.get_or_create_owned(&CallLabels {
                 toolbox: toolbox.clone(),
                 tool: tool.clone(),
@@ -241,9 +241,9 @@ mod tests {
     #[test]
     fn counts_calls_by_toolbox_tool_and_outcome_with_their_durations() {
         let m = metrics();
-        m.call_finished("math", "add", Outcome::Ok, Duration::from_millis(2));
-        m.call_finished("math", "add", Outcome::Ok, Duration::from_millis(3));
-        m.call_finished("math", "add", Outcome::Timeout, Duration::from_secs(40));
+        m.call_finished("math", "add", Ending::Ok, Duration::from_millis(2));
+        m.call_finished("math", "add", Ending::Ok, Duration::from_millis(3));
+        m.call_finished("math", "add", Ending::Timeout, Duration::from_secs(40));
         m.audit_line_dropped();
         let text = m.encode();
         for line in [
@@ -267,28 +267,28 @@ mod tests {
         let m = metrics();
         // One toolbox renaming its tools: its share, then `tool=""`.
         for i in 0..MAX_TOOL_SERIES_PER_TOOLBOX + 50 {
-            m.call_finished("box", &format!("t{i}"), Outcome::Ok, Duration::ZERO);
+            m.call_finished("box", &format!("t{i}"), Ending::Ok, Duration::ZERO);
         }
         // Others keep theirs, up to the bound over all.
         let others = MAX_TOOL_SERIES - MAX_TOOL_SERIES_PER_TOOLBOX;
         for i in 0..others {
             let toolbox = format!("b{}", i / MAX_TOOL_SERIES_PER_TOOLBOX);
-            m.call_finished(&toolbox, &format!("u{i}"), Outcome::Ok, Duration::ZERO);
+            m.call_finished(&toolbox, &format!("u{i}"), Ending::Ok, Duration::ZERO);
         }
-        m.call_finished("other", "new", Outcome::Error, Duration::ZERO);
+        m.call_finished("other", "new", Ending::Error, Duration::ZERO);
         let text = m.encode();
         let counted = |tool: &str| {
             text.lines()
                 .filter(|l| l.starts_with("toolboxd_calls_total{") && l.contains(tool))
                 .count()
         };
-        assert_eq!(counted("tool=\"t0\""), Outcome::ALL.len());
+        assert_eq!(counted("tool=\"t0\""), Ending::ALL.len());
         let first_cut = format!("tool=\"t{MAX_TOOL_SERIES_PER_TOOLBOX}\"");
         assert_eq!(counted(&first_cut), 0);
         assert!(text.contains("toolboxd_calls_total{toolbox=\"box\",tool=\"\",outcome=\"ok\"} 50"));
         assert_eq!(
             counted(&format!("tool=\"u{}\"", others - 1)),
-            Outcome::ALL.len()
+            Ending::ALL.len()
         );
         assert!(
             text.contains("toolboxd_calls_total{toolbox=\"other\",tool=\"\",outcome=\"error\"} 1")

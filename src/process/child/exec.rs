@@ -149,7 +149,7 @@ impl Command {
 }
 
 /// A started child: its pid and the daemon's ends of its stdio pipes.
-pub struct Launched {
+pub struct Spawned {
     /// Process id; the caller reaps it.
     pub pid: u32,
     /// Writes to the child's stdin.
@@ -193,7 +193,7 @@ pub fn spawn(
     steps: &(dyn Fn() -> io::Result<()> + Sync),
     memory: Memory,
     cgroup: Option<Cgroup>,
-) -> io::Result<Launched> {
+) -> io::Result<Spawned> {
     let (stdin_child, stdin) = pipe()?;
     let (stdout, stdout_child) = pipe()?;
     let (stderr, stderr_child) = pipe()?;
@@ -234,7 +234,7 @@ pub fn spawn(
         reap(pid);
         return Err(io::Error::from_raw_os_error(errno));
     }
-    Ok(Launched {
+    Ok(Spawned {
         pid: pid as u32,
         stdin,
         stdout,

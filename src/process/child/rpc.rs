@@ -59,6 +59,10 @@ pub enum RpcFailure {
     /// A stop cancelled the call first; the child was told to cancel.
     #[error("cancelled by stop")]
     Cancelled,
+    /// The request would be larger than the child's stdin may hold
+    /// (`max_message_bytes`): it was not sent, and the child is not at fault.
+    #[error("the request is {bytes} bytes, more than max_message_bytes ({limit}); the child was not sent it")]
+    TooLarge { bytes: usize, limit: usize },
 }
 
 /// What waits for the answer to one request.
@@ -216,13 +220,13 @@ impl Link {
 
 /// Removes a request from `pending` if its caller gives up (timeout or drop),
 /// and tells the child to cancel it.
-struct InFlight<'a> {
+struct PendingGuard<'a> {
     link: &'a Link,
     id: u64,
     done: bool,
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
         if !self.done && self.link.lock_pending().remove(&self.id).is_some() {
             let params = serde_json::json!({"requestId": self.id, "reason": "timed out"});
@@ -349,7 +353,7 @@ impl RpcHandle {
         (
             u64,
             oneshot::Receiver<Result<Value, RpcFailure>>,
-            InFlight<'_>,
+            PendingGuard<'_>,
         ),
         RpcFailure,
     > {
@@ -363,12 +367,10 @@ impl RpcHandle {
             }
             let line = mcp::request_line(id, method, params);
             if line.len() > link.stdin_budget {
-                return Err(RpcFailure::Broken(format!(
-                    "the request is {} bytes, more than max_message_bytes ({}); the child was \
-                     not sent it",
-                    line.len(),
-                    link.stdin_budget
-                )));
+                return Err(RpcFailure::TooLarge {
+                    bytes: line.len(),
+                    limit: link.stdin_budget,
+                });
             }
             link.lock_pending().insert(id, Waiter::Caller(tx));
             drop(closed);
@@ -377,7 +379,7 @@ impl RpcHandle {
         Ok((
             id,
             rx,
-            InFlight {
+            PendingGuard {
                 link,
                 id,
                 done: false,
