@@ -44,6 +44,8 @@ mod load;
 mod procfs;
 #[path = "e2e/procs.rs"]
 mod procs;
+#[path = "e2e/relay.rs"]
+mod relay;
 #[path = "e2e/report.rs"]
 mod report;
 #[path = "e2e/scale.rs"]
@@ -55,6 +57,7 @@ mod tables;
 
 use load::*;
 use procs::*;
+use relay::*;
 use report::*;
 use scenarios::*;
 use tables::*;
@@ -110,6 +113,12 @@ fn main() -> ExitCode {
     if let Some(i) = args.iter().position(|a| a == "--echo-responder") {
         let url = args.get(i + 1).expect("--echo-responder URL");
         runtime().block_on(run_echo_responder(url));
+        return ExitCode::SUCCESS;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--bare-relay") {
+        let url = args.get(i + 1).expect("--bare-relay URL CHILD");
+        let child = args.get(i + 2).expect("--bare-relay URL CHILD");
+        runtime().block_on(run_bare_relay(url, child));
         return ExitCode::SUCCESS;
     }
     if args.iter().any(|a| a == "--list" || a == "--test") {

@@ -53,6 +53,18 @@ pub(crate) async fn bench(b: &mut Bench) {
                 )
                 .await;
             drop(echo);
+            let relay = bare_relay(&bus.url, &compiled.command);
+            let r = b
+                .load(
+                    "1",
+                    "bare relay → compiled child (Rust; no validation, no sandbox)",
+                    &bus,
+                    Call::Add,
+                    conns,
+                    relay.pid(),
+                )
+                .await;
+            drop(relay);
             let d = b.daemon(&bus.url, "compiled", &compiled, 1, "");
             let t = b
                 .load(
@@ -78,6 +90,14 @@ pub(crate) async fn bench(b: &mut Bench) {
                 Target::at_least(0.5, "≥ 0.50")
             },
         );
+            // The floor of a service that runs its tools in a child.
+            b.rate_row(
+                &format!("1-c{conns}-relay"),
+                &format!("C={conns}: calls/s, toolboxd → compiled child ÷ bare relay → the same child, embedded bus"),
+                &t,
+                &r,
+                Target::at_least(0.95, "≥ 0.95"),
+            );
             b.p50_row(
                 &format!("1-c{conns}-p50"),
                 &format!("C={conns}: p50, toolboxd → compiled child ÷ bare echo responder"),
