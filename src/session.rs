@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::cancel::Cancel;
 use crate::manifest::{LEGACY_VERSIONS, MODERN_VERSIONS};
 use crate::mcp::{self, Era, LegacyTasks, TaskSupport, ToolSpec};
-use crate::process::child::{ProgressSender, RpcFailure, RpcHandle};
+use crate::process::child::{Kept, ProgressSender, RpcFailure, RpcHandle};
 
 /// Most `tools/list` pages followed before giving up on a looping cursor.
 pub const MAX_PAGES: usize = 100;
@@ -379,7 +379,7 @@ impl Session {
         arguments: Value,
         deadline: tokio::time::Instant,
         cancel: &mut Cancel,
-        hold: Box<dyn Send>,
+        hold: Kept,
         progress: Option<ProgressSender>,
     ) -> Result<Value, RpcFailure> {
         // Registered for the whole call, a task's included.

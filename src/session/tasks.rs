@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::cancel::Cancel;
 use crate::mcp::{self, TaskStatus};
-use crate::process::child::{PastDeadline, RpcFailure, RpcHandle};
+use crate::process::child::{Kept, PastDeadline, RpcFailure, RpcHandle};
 
 /// Poll interval when a modern task suggests none.
 const DEFAULT_POLL: Duration = Duration::from_millis(250);
@@ -46,15 +46,18 @@ impl Flavour<'_> {
 }
 
 /// The call's slot, shared by every request of the call: it is free when
-/// the last of them is answered (or the child is gone). (Held, never read:
-/// the mutex only makes the box shareable.)
+/// the last of them is answered (or the child is gone). (The mutex only
+/// makes the slot shareable.)
 #[derive(Clone)]
-struct SharedHold(#[allow(dead_code)] Arc<Mutex<Box<dyn Send>>>);
+struct SharedHold {
+    /// The call's slot.
+    _slot: Arc<Mutex<Kept>>,
+}
 
 impl SharedHold {
     /// A share for one more request.
-    fn share(&self) -> Box<dyn Send> {
-        Box::new(self.clone())
+    fn share(&self) -> Kept {
+        Kept::new(self.clone())
     }
 }
 
@@ -67,10 +70,12 @@ pub(super) async fn call<P: serde::Serialize + ?Sized>(
     params: &P,
     deadline: Instant,
     cancel: &mut Cancel,
-    hold: Box<dyn Send>,
+    hold: Kept,
     flavour: Flavour<'_>,
 ) -> Result<Value, RpcFailure> {
-    let hold = SharedHold(Arc::new(Mutex::new(hold)));
+    let hold = SharedHold {
+        _slot: Arc::new(Mutex::new(hold)),
+    };
     let created = rpc
         .request_until("tools/call", params, deadline, cancel, hold.share())
         .await?;

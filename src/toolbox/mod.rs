@@ -33,7 +33,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::cancel::Cancel;
 use crate::manifest::Manifest;
 use crate::mcp::RpcError;
-use crate::process::child::{ExitInfo, RpcFailure};
+use crate::process::child::{ExitInfo, Kept, RpcFailure};
 use crate::tool::ToolSet;
 
 /// Where a toolbox publishes itself, its state and its tools: the registry, in
@@ -346,7 +346,7 @@ impl ToolboxHandle {
             // taken until the child answers anyway, or is gone.
             let outcome = serving
                 .session
-                .call_tool(tool, args, deadline, cancel, Box::new(slot), progress)
+                .call_tool(tool, args, deadline, cancel, Kept::new(slot), progress)
                 .await;
             return match outcome {
                 Ok(result) => {

@@ -19,7 +19,7 @@ mod rpc;
 mod spawner;
 
 pub use logs::{LogLine, StderrLog, LOG_LINES};
-pub use rpc::{PastDeadline, ProgressSender, ProgressWatch, RpcFailure, RpcHandle};
+pub use rpc::{Kept, PastDeadline, ProgressSender, ProgressWatch, RpcFailure, RpcHandle};
 
 use std::ffi::OsString;
 use std::fmt;

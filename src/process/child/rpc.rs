@@ -65,6 +65,23 @@ pub enum RpcFailure {
     TooLarge { bytes: usize, limit: usize },
 }
 
+/// What a request keeps taken until the child is done with it, even past
+/// its caller's deadline: for a call, its slot (the child is still working
+/// on it). Held, never read; given back when dropped.
+pub struct Kept {
+    /// The value held.
+    _held: Box<dyn Send>,
+}
+
+impl Kept {
+    /// Keeps `held` until the request is over.
+    pub fn new(held: impl Send + 'static) -> Kept {
+        Kept {
+            _held: Box::new(held),
+        }
+    }
+}
+
 /// What waits for the answer to one request.
 enum Waiter {
     /// A caller.
@@ -72,7 +89,10 @@ enum Waiter {
     /// Nobody any more (its deadline passed), but this stays held — a call
     /// slot, say — until the child answers or is gone: the child is still
     /// working on the request.
-    Abandoned(#[allow(dead_code)] Box<dyn Send>),
+    Abandoned {
+        /// Given back when the child answers or is gone.
+        _kept: Kept,
+    },
 }
 
 /// Requests waiting for their answer, by request id.
@@ -291,7 +311,7 @@ impl RpcHandle {
         params: &P,
         deadline: tokio::time::Instant,
         cancel: &mut Cancel,
-        hold: Box<dyn Send>,
+        hold: Kept,
     ) -> Result<Value, RpcFailure> {
         self.request_until_then(method, params, deadline, cancel, hold, PastDeadline::Cancel)
             .await
@@ -307,7 +327,7 @@ impl RpcHandle {
         params: &P,
         deadline: tokio::time::Instant,
         cancel: &mut Cancel,
-        hold: Box<dyn Send>,
+        hold: Kept,
         past_deadline: PastDeadline,
     ) -> Result<Value, RpcFailure> {
         let link = &*self.link;
@@ -324,7 +344,7 @@ impl RpcHandle {
         guard.done = true;
         let abandoned = match link.lock_pending().get_mut(&id) {
             Some(waiter) => {
-                *waiter = Waiter::Abandoned(hold);
+                *waiter = Waiter::Abandoned { _kept: hold };
                 true
             }
             None => false,
@@ -389,11 +409,11 @@ impl RpcHandle {
 
     /// Sends a request nobody waits for (a `tasks/cancel` when its call is
     /// over): `hold` stays held until the child answers it or is gone.
-    pub fn request_detached(&self, method: &str, params: &Value, hold: Box<dyn Send>) {
+    pub fn request_detached(&self, method: &str, params: &Value, hold: Kept) {
         if let Ok((id, _answer, mut guard)) = self.send_request(method, params) {
             guard.done = true;
             if let Some(waiter) = self.link.lock_pending().get_mut(&id) {
-                *waiter = Waiter::Abandoned(hold);
+                *waiter = Waiter::Abandoned { _kept: hold };
             }
         }
     }
@@ -605,7 +625,7 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
                     // The late answer to a call past its deadline, or to a
                     // request nobody waits for: what it held (its slot) is
                     // released now.
-                    Some(Waiter::Abandoned(_)) => {
+                    Some(Waiter::Abandoned { .. }) => {
                         tracing::debug!(
                             toolbox,
                             pid,

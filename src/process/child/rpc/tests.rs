@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines};
 use tokio::sync::{mpsc, watch};
 
-use super::{read_stdout, write_stdin, Link, RpcFailure, RpcHandle};
+use super::{read_stdout, write_stdin, Kept, Link, RpcFailure, RpcHandle};
 use crate::cancel::Cancel;
 use crate::process::child::{ChildEvent, ExitInfo};
 
@@ -162,7 +162,7 @@ async fn a_call_past_its_deadline_is_cancelled_and_holds_its_slot_until_the_late
     let mut child = start(64 * 1024, 64 * 1024);
     let released = Arc::new(AtomicBool::new(false));
     let rpc = child.rpc.clone();
-    let hold = Box::new(DropFlag(released.clone()));
+    let hold = Kept::new(DropFlag(released.clone()));
     let call = tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
         let mut never = crate::cancel::Cancel::never();
@@ -195,7 +195,7 @@ async fn a_stop_cancels_the_call_on_the_child_and_holds_its_slot_until_it_answer
     let mut child = start(64 * 1024, 64 * 1024);
     let released = Arc::new(AtomicBool::new(false));
     let rpc = child.rpc.clone();
-    let hold = Box::new(DropFlag(released.clone()));
+    let hold = Kept::new(DropFlag(released.clone()));
     let in_flight = Arc::new(crate::cancel::CallsBySession::default());
     let calls = in_flight.clone();
     let call = tokio::spawn(async move {
@@ -499,7 +499,7 @@ async fn a_request_left_to_finish_sends_no_cancel_and_holds_until_answered() {
     let mut child = start(64 * 1024, 64 * 1024);
     let released = Arc::new(AtomicBool::new(false));
     let rpc = child.rpc.clone();
-    let hold = Box::new(DropFlag(released.clone()));
+    let hold = Kept::new(DropFlag(released.clone()));
     let call = tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(50);
         rpc.request_until_then(
@@ -519,7 +519,7 @@ async fn a_request_left_to_finish_sends_no_cancel_and_holds_until_answered() {
     child.rpc.request_detached(
         "tasks/cancel",
         &json!({"taskId": "t"}),
-        Box::new(DropFlag(released_too.clone())),
+        Kept::new(DropFlag(released_too.clone())),
     );
     let cancel = child.receive().await;
     assert_eq!(cancel["method"], "tasks/cancel");
