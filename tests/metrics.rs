@@ -21,17 +21,21 @@ fn faulty(id: &str, extra: &str) -> String {
 
 /// A daemon serving metrics on a port of its choice, and that address.
 fn start(dir: &TempDir) -> (Daemon, SocketAddr) {
-    let daemon = Daemon::start_env(
-        &[
-            "--manifests",
-            dir.path().to_str().unwrap(),
-            "--embedded-bus",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-        ],
-        &[],
-    );
+    start_with(dir, &[])
+}
+
+/// [`start`] with `more` arguments for `toolboxd run`.
+fn start_with(dir: &TempDir, more: &[&str]) -> (Daemon, SocketAddr) {
+    let mut args = vec![
+        "--manifests",
+        dir.path().to_str().unwrap(),
+        "--embedded-bus",
+        "127.0.0.1:0",
+        "--metrics",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(more);
+    let daemon = Daemon::start_env(&args, &[]);
     let line = daemon.log_lines_with("metrics listening");
     let addr = line[0]["addr"]
         .as_str()
@@ -424,24 +428,7 @@ async fn calls_that_end_before_they_run_are_counted_and_audited_and_an_oversize_
     );
     let audit = TempDir::writable("metrics-unrun-audit");
     let log = audit.path().join("audit.log");
-    let daemon = Daemon::start_env(
-        &[
-            "--manifests",
-            dir.path().to_str().unwrap(),
-            "--embedded-bus",
-            "127.0.0.1:0",
-            "--metrics",
-            "127.0.0.1:0",
-            "--audit-log",
-            log.to_str().unwrap(),
-        ],
-        &[],
-    );
-    let addr: SocketAddr = daemon.log_lines_with("metrics listening")[0]["addr"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (daemon, addr) = start_with(&dir, &["--audit-log", log.to_str().unwrap()]);
     daemon.wait_for_state("broken", "failed", Duration::from_secs(20));
     let mut bus = Bus::connect(&daemon.url).await;
 
