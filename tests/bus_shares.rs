@@ -299,3 +299,37 @@ async fn one_users_large_calls_leave_the_room_calls_share_to_the_others() {
     drop(attacker.stdin.take());
     let _ = attacker.wait();
 }
+
+#[tokio::test]
+async fn a_client_that_writes_before_it_reads_is_held_back_by_nobody() {
+    // Backpressure charged a sender for its own echo: a client that sent a
+    // few large messages before reading any (one task that writes, then
+    // reads) was no longer read, and then cut as not reading. Its own echo
+    // is not charged to it: only its readers hold it back.
+    let dir = TempDir::new("write-first");
+    dir.write("math.toml", &math_manifest("math"));
+    let daemon = Daemon::start(dir.path());
+    let (mut ws, _) = tokio_tungstenite::connect_async(&daemon.url).await.unwrap();
+    let frame =
+        json!({"type": "noise", "data": {"pad": "x".repeat(1 << 20)}, "context": {}}).to_string();
+    const FRAMES: usize = 24; // 24 MiB: far past a sender's share, within a queue's bound
+    tokio::time::timeout(Duration::from_secs(20), async {
+        for _ in 0..FRAMES {
+            ws.send(Message::text(frame.clone())).await.unwrap();
+        }
+    })
+    .await
+    .expect("the bus stopped reading a client that had not read yet");
+    let mut echoed = 0;
+    while echoed < FRAMES {
+        match tokio::time::timeout(common::ANSWER_DEADLINE, ws.next()).await {
+            Ok(Some(Ok(Message::Text(text)))) if text.len() > 1 << 20 => echoed += 1,
+            Ok(Some(Ok(_))) => {}
+            other => panic!("after {echoed} echoes: {other:?}"),
+        }
+    }
+    assert!(daemon
+        .log_lines_with("bus client is not reading")
+        .is_empty());
+    Bus::connect(&daemon.url).await.assert_math_answers().await;
+}

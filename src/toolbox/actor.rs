@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use super::replicas::Publisher;
 use super::restart::{Budget, Decision};
 use super::running::{drain_and_stop, Down, Running};
-use super::{CallLimits, Command, CommandResult, RestartReason, Serving, Slot, State, Stats};
+use super::{CallLimits, Command, CommandResult, RestartReason, Serving, Slot, Stats};
 use crate::launch::{self, Launched};
 use crate::manifest::Manifest;
 use crate::mcp;
@@ -25,6 +25,7 @@ use crate::util::wait::or_never;
 mod liveness;
 mod mode;
 mod on_demand;
+mod turns;
 
 use mode::{Event, Mode, View};
 
@@ -37,18 +38,6 @@ const SHORTAGE_RETRY: Duration = Duration::from_secs(1);
 const REFRESH_GAP: Duration = Duration::from_secs(1);
 /// Least time between two looks at whether a child is idle.
 const IDLE_GRACE: Duration = Duration::from_millis(100);
-
-/// Children starting at once, daemon-wide, whatever starts them (the
-/// daemon's start, a reload, a restart, a lazy toolbox's listing, a call or
-/// a prewarm topic waking an idle toolbox): a client calling thirty idle
-/// toolboxes at once does not start thirty interpreters on two cores, and a
-/// cold start under load leaves each child the CPU to answer its handshake
-/// in time. A start holds its turn from spawn until the child serves or
-/// failed.
-const STARTS_AT_ONCE: usize = 4;
-
-/// The turns of [`STARTS_AT_ONCE`] (never closed).
-static START_TURNS: Semaphore = Semaphore::const_new(STARTS_AT_ONCE);
 
 type Reply = oneshot::Sender<CommandResult>;
 
@@ -124,25 +113,7 @@ impl Actor {
     /// Publishes `view` to status (the state, with `tools` when they changed)
     /// and to callers (the slot): the one place both are set.
     fn show(&self, view: View<'_>, tools: Option<Arc<ToolSet>>) {
-        let (state, slot) = match view {
-            View::Starting => (State::Starting, Slot::Waiting),
-            View::Serving(serving) => (State::Ready, Slot::Serving(serving.clone())),
-            View::Restarting(last_exit) => (
-                State::Restarting {
-                    last_exit: last_exit.to_owned(),
-                },
-                Slot::Waiting,
-            ),
-            View::Failed(reason) => (
-                State::Failed {
-                    reason: reason.to_owned(),
-                },
-                Slot::Failed(reason.to_owned()),
-            ),
-            View::Stopped => (State::Stopped, Slot::Stopped),
-            View::Idle => (State::Idle, Slot::Idle),
-            View::Waking => (State::Idle, Slot::Waiting),
-        };
+        let (state, slot) = view.published();
         self.publisher.publish(self.index, state, tools);
         let _ = self.out.slot.send(slot);
     }
@@ -429,7 +400,7 @@ impl Actor {
     /// for the next start (or forgets a guess that failed).
     async fn launch(&mut self) -> Result<Launched, Down> {
         // Never Err: the semaphore is never closed.
-        let _turn = START_TURNS.acquire().await.ok();
+        let _turn = turns::START_TURNS.acquire().await.ok();
         match launch::launch(&self.manifest, self.pin.as_deref(), &self.stats.stderr).await {
             Ok(launched) => {
                 self.pin = Some(launched.session.era().version().to_owned());

@@ -5,7 +5,7 @@
 //! lets [`CLIENT_QUEUE_BYTES`] pile up, is the one disconnected) and to the
 //! connection that sent it ([`Origin`]: a sender whose frames wait in the
 //! queues of others for more than [`SENDER_SHARE_BYTES`] is not read until
-//! they are written). So a flooder is slowed to the pace of its slowest
+//! they are written; its own echo is not charged to it). So a flooder is slowed to the pace of its slowest
 //! reader, and a slow reader is not dropped for someone else's flood.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -54,6 +54,11 @@ pub(super) struct Origin {
     /// The peer behind the connection, for the shares each peer has
     /// (connections, the daemon's room for calls).
     pub(super) peer: Peer,
+    /// The connection's number: the echo of its own frames, in its own
+    /// queue, is not charged to it (a client that writes before it reads is
+    /// held back by its readers, never by itself; its own queue is bounded
+    /// on its own).
+    pub(super) id: u64,
     /// Bytes of this connection's frames waiting in any client's queue,
     /// counted once per queue.
     queued: AtomicUsize,
@@ -62,9 +67,10 @@ pub(super) struct Origin {
 }
 
 impl Origin {
-    pub(super) fn new(peer: Peer) -> Arc<Origin> {
+    pub(super) fn new(peer: Peer, id: u64) -> Arc<Origin> {
         Arc::new(Origin {
             peer,
+            id,
             queued: AtomicUsize::new(0),
             drained: Notify::new(),
         })

@@ -1,6 +1,8 @@
 //! The embedded bus: its handshake, the in-process client, shutdown, origins.
 
 use super::*;
+use futures_util::StreamExt;
+use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 #[tokio::test]
 async fn the_handshake_says_this_bus_sets_nodelay() {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::super::running::Running;
-use super::super::{Command, Serving};
+use super::super::{Command, Serving, Slot, State};
 use crate::process::child::{ChildEvent, ExitInfo};
 
 /// What the actor is doing between events. The state status shows and the
@@ -83,5 +83,31 @@ pub(super) enum Event {
     /// The serving child may have been idle for `idle_stop_s`.
     IdleCheck,
     /// A lazy toolbox's turn to start once and list its tools.
-    ListingTurn(super::on_demand::ListingTurn),
+    ListingTurn(super::turns::ListingTurn),
+}
+
+impl View<'_> {
+    /// What `self` reads as: the toolbox's state (status) and the slot
+    /// callers find.
+    pub(super) fn published(self) -> (State, Slot) {
+        match self {
+            View::Starting => (State::Starting, Slot::Waiting),
+            View::Serving(serving) => (State::Ready, Slot::Serving(serving.clone())),
+            View::Restarting(last_exit) => (
+                State::Restarting {
+                    last_exit: last_exit.to_owned(),
+                },
+                Slot::Waiting,
+            ),
+            View::Failed(reason) => (
+                State::Failed {
+                    reason: reason.to_owned(),
+                },
+                Slot::Failed(reason.to_owned()),
+            ),
+            View::Stopped => (State::Stopped, Slot::Stopped),
+            View::Idle => (State::Idle, Slot::Idle),
+            View::Waking => (State::Idle, Slot::Waiting),
+        }
+    }
 }

@@ -5,24 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{AcquireError, Semaphore, SemaphorePermit};
+use tokio::sync::SemaphorePermit;
 
+use super::turns::{ListingTurn, LISTING_TURNS};
 use super::{Actor, Mode, Reply, View};
 use crate::tool::ToolSet;
 use crate::toolbox::running::{drain_and_stop, Running};
-
-/// Lazy toolboxes without a cached catalog started at once to list their
-/// tools, daemon-wide: a device given many new lazy toolboxes starts a few
-/// children at a time, not one per manifest at once (descriptors, memory
-/// and CPU would run out).
-const LISTINGS_AT_ONCE: usize = 4;
-
-/// The turns of [`LISTINGS_AT_ONCE`].
-static LISTING_TURNS: Semaphore = Semaphore::const_new(LISTINGS_AT_ONCE);
-
-/// A lazy toolbox's turn to start once, held until that child stops or is
-/// found in use (never `Err`: the semaphore is never closed).
-pub(super) type ListingTurn = Result<SemaphorePermit<'static>, AcquireError>;
 
 impl Actor {
     /// Stops the serving child if no call has used it for its idle limit;
