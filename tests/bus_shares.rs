@@ -219,13 +219,13 @@ async fn one_user_holding_connections_leaves_a_share_of_the_slots_to_the_others(
     let dir = TempDir::new("slots");
     dir.write("math.toml", &math_manifest("math"));
     let daemon = Daemon::start(dir.path());
-    let mut attacker = peer_as_nobody(&daemon.url, &["hold", "256"]);
+    let mut attacker = peer_as_nobody(&daemon.url, &["hold", "512"]);
     let out = lines(&mut attacker);
     let held = line_of(&out, Duration::from_secs(60));
-    assert_eq!(held, "held 192", "one user's share is 192 of 256 slots");
+    assert_eq!(held, "held 384", "one user's share is 384 of 512 slots");
     wait_until("the refusal is logged", Duration::from_secs(10), || {
         !daemon
-            .log_lines_with("uid 65534 holds 192 connections")
+            .log_lines_with("uid 65534 holds 384 connections")
             .is_empty()
     });
     // Others still connect and are served, several of them.

@@ -69,8 +69,11 @@ pub const PARTIAL_SHARE_BYTES: usize = 64 * 1024;
 /// How long a client may take to finish a message it started, from the
 /// first byte of it.
 pub const PARTIAL_TIMEOUT: Duration = Duration::from_secs(30);
-/// Connections served at once; more are closed at once (logged).
-pub const MAX_CLIENTS: usize = 256;
+/// Connections served at once; more are closed at once (logged). Room for
+/// a few hundred clients of one user within its share, and for everyone
+/// else's beside them; a connection costs the bus its 32 KiB read buffer
+/// while it is open.
+pub const MAX_CLIENTS: usize = 512;
 /// Connections one peer ([`Peer`]: on loopback, one user) may hold: the
 /// others always have a quarter of [`MAX_CLIENTS`].
 pub const MAX_PER_PEER: usize = MAX_CLIENTS * 3 / 4;
