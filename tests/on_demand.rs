@@ -119,6 +119,44 @@ fn lazy_toolbox(dir: &TempDir, tools: &[&str], start: &str) {
     );
 }
 
+/// `count` lazy toolboxes `lazy0`.. in `dir`, each the fixture toolbox run
+/// by `sh -c SCRIPT` with `ENV` (both with `{note}` and `{fixture}` filled
+/// in), allowed to append to a note file: that file's directory (kept while
+/// the test runs) and its path. Each toolbox is a user of its own under a
+/// root daemon: all may append.
+fn noted_lazy_toolboxes(
+    dir: &TempDir,
+    tag: &str,
+    count: usize,
+    script: &str,
+    env: &str,
+) -> (TempDir, std::path::PathBuf) {
+    let notes = TempDir::writable(tag);
+    let note = notes.path().join("starts");
+    std::fs::write(&note, "").unwrap();
+    std::fs::set_permissions(&note, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+    let fill = |text: &str| {
+        text.replace("{note}", &note.display().to_string())
+            .replace("{fixture}", &repo("tests/fixtures/fixture_toolbox.py"))
+    };
+    let (script, env) = (fill(script), fill(env));
+    for i in 0..count {
+        dir.write(
+            &format!("lazy{i}.toml"),
+            &format!(
+                "id = \"lazy{i}\"\ncommand = \"sh\"\nargs = [\"-c\", \"{script}\"]\n\
+                 env = {{ {env} }}\n\
+                 [sandbox]\nread_write = [\"{notes}\"]\nread_only = [\"{fixtures}\", \"{examples}\"]\n\
+                 [start]\nmode = \"lazy\"\n",
+                notes = notes.path().display(),
+                fixtures = repo("tests/fixtures"),
+                examples = repo("examples/python"),
+            ),
+        );
+    }
+    (notes, note)
+}
+
 /// A daemon on `manifests` keeping its state (the catalog cache) in `state`.
 fn daemon_with_state(manifests: &TempDir, state: &TempDir) -> Daemon {
     Daemon::start_env(
@@ -282,28 +320,14 @@ async fn new_lazy_toolboxes_start_to_list_their_tools_a_few_at_a_time() {
     // new toolboxes must not run out of descriptors or memory).
     let dir = TempDir::new("lazy-many");
     let state = TempDir::new("lazy-many-state");
-    let notes = TempDir::writable("lazy-many-notes");
-    let note = notes.path().join("starts");
-    // Each toolbox is a user of its own under a root daemon: all may append.
-    std::fs::write(&note, "").unwrap();
-    std::fs::set_permissions(&note, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
-    let fixture = repo("tests/fixtures/fixture_toolbox.py");
-    for i in 0..10 {
-        dir.write(
-            &format!("lazy{i}.toml"),
-            &format!(
-                "id = \"lazy{i}\"\ncommand = \"sh\"\n\
-                 args = [\"-c\", \"echo + >> {note}; python3 {fixture}; echo - >> {note}\"]\n\
-                 env = {{ START_DELAY_S = \"0.3\" }}\n\
-                 [sandbox]\nread_write = [\"{notes}\"]\nread_only = [\"{fixtures}\", \"{examples}\"]\n\
-                 [start]\nmode = \"lazy\"\n",
-                note = note.display(),
-                notes = notes.path().display(),
-                fixtures = repo("tests/fixtures"),
-                examples = repo("examples/python"),
-            ),
-        );
-    }
+    // The shell notes "+" as a child starts and "-" as it exits.
+    let (_notes, note) = noted_lazy_toolboxes(
+        &dir,
+        "lazy-many-notes",
+        10,
+        "echo + >> {note}; python3 {fixture}; echo - >> {note}",
+        "START_DELAY_S = \"0.3\"",
+    );
     let daemon = daemon_with_state(&dir, &state);
     for i in 0..10 {
         let row = daemon.wait_for_state(&format!("lazy{i}"), "idle", Duration::from_secs(30));
@@ -328,28 +352,16 @@ async fn a_call_to_each_of_many_idle_toolboxes_starts_their_children_a_few_at_a_
     // Now every start takes a turn of the same cap, from spawn to serving.
     let dir = TempDir::new("lazy-calls");
     let state = TempDir::new("lazy-calls-state");
-    let notes = TempDir::writable("lazy-calls-notes");
-    let note = notes.path().join("starts");
-    std::fs::write(&note, "").unwrap();
-    std::fs::set_permissions(&note, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
-    let fixture = repo("tests/fixtures/fixture_toolbox.py");
     const BOXES: usize = 10;
-    for i in 0..BOXES {
-        dir.write(
-            &format!("lazy{i}.toml"),
-            &format!(
-                "id = \"lazy{i}\"\ncommand = \"sh\"\n\
-                 args = [\"-c\", \"echo + >> {note}; exec python3 {fixture}\"]\n\
-                 env = {{ START_DELAY_S = \"0.4\", SERVING_NOTE = \"{note}\" }}\n\
-                 [sandbox]\nread_write = [\"{notes}\"]\nread_only = [\"{fixtures}\", \"{examples}\"]\n\
-                 [start]\nmode = \"lazy\"\n",
-                note = note.display(),
-                notes = notes.path().display(),
-                fixtures = repo("tests/fixtures"),
-                examples = repo("examples/python"),
-            ),
-        );
-    }
+    // The shell notes "+" as a child starts, the child "serving ..." once
+    // it serves.
+    let (_notes, note) = noted_lazy_toolboxes(
+        &dir,
+        "lazy-calls-notes",
+        BOXES,
+        "echo + >> {note}; exec python3 {fixture}",
+        "START_DELAY_S = \"0.4\", SERVING_NOTE = \"{note}\"",
+    );
     let daemon = daemon_with_state(&dir, &state);
     // Listed once each (and cached), their children gone again.
     for i in 0..BOXES {
