@@ -87,8 +87,12 @@ fn child_lines(c: &mut Criterion) {
         })
     });
     let result = json!({"content": [{"type": "text", "text": "{\"result\":5}"}], "structuredContent": {"result": 5}});
-    c.bench_function("result mapping", |b| {
-        b.iter(|| toolboxd::answers::map_call_result(black_box(result.clone()), true).unwrap())
+    let tool = add_tool();
+    c.bench_function("result mapping (output checked)", |b| {
+        b.iter(|| {
+            toolboxd::pipeline::outcome::answer_of(black_box(result.clone()), &tool, "math")
+                .unwrap()
+        })
     });
 }
 

@@ -8,7 +8,12 @@
 //! - [`bus`]: the OVOS-MSG-1 [`bus::envelope`], the daemon's
 //!   [`bus::client`] (reconnecting, or in process on the bus it serves), the
 //!   embedded [`bus::server`], socket options.
-//! - [`service`]: the bus topics; where each OVOS-TOOLS-1 request is answered.
+//! - [`service`]: the bus face: where each OVOS-TOOLS-1 request is
+//!   answered; calls decoded, sent through the pipeline, their outcomes
+//!   worded; a call's progress relayed to its caller within a rate.
+//! - [`pipeline`]: the call pipeline every face uses: a request admitted as
+//!   a [`call::Call`], run to one typed outcome, every ending reported;
+//!   every text a caller reads (`pipeline/texts.rs`).
 //! - [`observe`]: how a finished call ended, reported in one place to the
 //!   metrics (Prometheus, `--metrics`) and the audit log (`--audit-log`),
 //!   its sinks below it.
@@ -19,10 +24,6 @@
 //!   carried out, whether asked by the control socket, SIGHUP or the bus.
 //! - [`cancel`]: the global stop: calls in flight by session, and the
 //!   token a stop cancels each with.
-//! - [`progress`]: a call's progress, relayed to its caller on the bus
-//!   within a rate.
-//! - [`answers`]: how a call's outcome reads on the bus: result mapping and
-//!   every error text.
 //! - [`registry`]: the catalog of hosted toolboxes and their tools.
 //! - [`tool`]: one tool's bus definition (kept serialized) and its schema validators (compiled at its first call).
 //! - [`supervisor`]: the set of toolbox actors; manifest reload as a diff.
@@ -30,6 +31,8 @@
 //!   restarted and stopped, and where calls wait for a child.
 //! - [`catalog_cache`]: the tool lists of lazy and idle toolboxes on disk,
 //!   so they are listed with no process running.
+//! - [`call`]: one call as every layer reads it: what was asked, its
+//!   toolbox, its one deadline, its cancel token and progress sink.
 //! - [`launch`]: one way to start a child: spawn, era, tools (for `run` and
 //!   `check --probe` alike).
 //! - [`session`]: the MCP conversation with one child (era, tools, calls).
@@ -53,8 +56,8 @@
 //! The directory tree is the layering: a module uses only the layers below
 //! it (docs/architecture.md, checked by tests/layers.rs).
 
-pub mod answers;
 pub mod bus;
+pub mod call;
 pub(crate) mod cancel;
 pub(crate) mod catalog_cache;
 pub mod cli;
@@ -67,8 +70,8 @@ pub(crate) mod notify;
 pub(crate) mod observe;
 pub mod operator;
 pub(crate) mod peers;
+pub mod pipeline;
 pub mod process;
-pub(crate) mod progress;
 pub(crate) mod protocol;
 pub mod registry;
 pub(crate) mod service;

@@ -1,4 +1,6 @@
-//! The `toolboxd` command line.
+//! The `toolboxd` command line: a thin clap layer, one function per
+//! subcommand, each handing its work to the library (`daemon`, `control`,
+//! `cli/`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -6,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde_json::Value;
 
 use toolboxd::bus::envelope::Object;
@@ -69,107 +71,128 @@ enum CtlAction {
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon.
-    Run {
-        /// A directory of *.toml manifests (repeatable).
-        #[arg(long = "manifests", default_value = "manifests")]
-        manifests: Vec<PathBuf>,
-        /// Connect to this bus (retrying); never embed one.
-        #[arg(long, conflicts_with = "embedded_bus")]
-        bus: Option<String>,
-        /// Serve an embedded bus on this address (port 0 picks a free port).
-        #[arg(long)]
-        embedded_bus: Option<SocketAddr>,
-        /// The control socket (default: $XDG_RUNTIME_DIR/toolboxd.sock, or
-        /// /run/toolboxd/toolboxd.sock as root).
-        #[arg(long)]
-        control: Option<PathBuf>,
-        /// Let web pages of any origin use the embedded bus (by default a
-        /// connection that names a non-loopback Origin is refused).
-        #[arg(long)]
-        bus_allow_any_origin: bool,
-        /// Host toolboxes only (persona topics); leave ovos.tools.* to another
-        /// daemon on the bus.
-        #[arg(long)]
-        host_only: bool,
-        /// Milliseconds each of the two probes for other hosts' toolbox ids
-        /// listens, after start and every reload, beside the serving (0: do
-        /// not ask).
-        #[arg(long, default_value_t = 100)]
-        peer_probe_ms: u64,
-        /// Serve Prometheus metrics at http://ADDR/metrics (e.g.
-        /// 127.0.0.1:9464; port 0 picks a free port). Off by default.
-        #[arg(long, value_name = "ADDR")]
-        metrics: Option<SocketAddr>,
-        /// Append a JSON line per finished call to PATH (reopened on
-        /// SIGHUP). Off by default.
-        #[arg(long, value_name = "PATH")]
-        audit_log: Option<PathBuf>,
-    },
+    Run(RunArgs),
     /// Operate a running daemon through its control socket.
-    Ctl {
-        /// The daemon's control socket (default as for `run`).
-        #[arg(long)]
-        control: Option<PathBuf>,
-        #[command(subcommand)]
-        action: CtlAction,
-    },
+    Ctl(CtlArgs),
     /// Validate manifests; --probe also starts each child and lists its tools.
-    Check {
-        /// A directory of *.toml manifests (repeatable).
-        #[arg(long = "manifests", default_value = "manifests")]
-        manifests: Vec<PathBuf>,
-        /// Start each child, do the handshake, list and compile its tools.
-        #[arg(long)]
-        probe: bool,
-        /// Say per toolbox which confinement mechanisms hold on this machine.
-        #[arg(long)]
-        sandbox: bool,
-    },
+    Check(CheckArgs),
     /// List every tool on the bus (ovos.tools.list).
-    List {
-        /// The bus (default: from mycroft.conf, else ws://127.0.0.1:8181/core).
-        #[arg(long)]
-        bus: Option<String>,
-        /// Seconds to wait for the answer.
-        #[arg(long, default_value_t = 10)]
-        timeout: u64,
-    },
+    List(ListArgs),
     /// Call a tool (ovos.tools.invoke, or ovos.persona.tools.call with --toolbox).
-    Call {
-        /// The tool's name.
-        tool: String,
-        /// The toolbox that owns it (needed when two toolboxes share the name).
-        #[arg(long)]
-        toolbox: Option<String>,
-        /// The arguments, a JSON object.
-        #[arg(long, default_value = "{}")]
-        args: String,
-        /// The bus (default: from mycroft.conf, else ws://127.0.0.1:8181/core).
-        #[arg(long)]
-        bus: Option<String>,
-        /// Seconds to wait for the answer.
-        #[arg(long, default_value_t = 60)]
-        timeout: u64,
-    },
+    Call(CallArgs),
     /// Write a new toolbox and its manifest, ready for `check --probe`.
-    New {
-        /// The toolbox id (also the file names).
-        name: String,
-        #[arg(long, value_enum, default_value_t = NewLang::Python)]
-        lang: NewLang,
-        /// The manifests directory to write into.
-        #[arg(long, default_value = "manifests")]
-        dir: PathBuf,
-    },
+    New(NewArgs),
     /// Run only the embedded messagebus.
-    Bus {
-        #[arg(long, default_value = "127.0.0.1:8181")]
-        listen: SocketAddr,
-        /// Let web pages of any origin use the bus (by default a connection
-        /// that names a non-loopback Origin is refused).
-        #[arg(long)]
-        allow_any_origin: bool,
-    },
+    Bus(BusArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// A directory of *.toml manifests (repeatable).
+    #[arg(long = "manifests", default_value = "manifests")]
+    manifests: Vec<PathBuf>,
+    /// Connect to this bus (retrying); never embed one.
+    #[arg(long, conflicts_with = "embedded_bus")]
+    bus: Option<String>,
+    /// Serve an embedded bus on this address (port 0 picks a free port).
+    #[arg(long)]
+    embedded_bus: Option<SocketAddr>,
+    /// The control socket (default: $XDG_RUNTIME_DIR/toolboxd.sock, or
+    /// /run/toolboxd/toolboxd.sock as root).
+    #[arg(long)]
+    control: Option<PathBuf>,
+    /// Let web pages of any origin use the embedded bus (by default a
+    /// connection that names a non-loopback Origin is refused).
+    #[arg(long)]
+    bus_allow_any_origin: bool,
+    /// Host toolboxes only (persona topics); leave ovos.tools.* to another
+    /// daemon on the bus.
+    #[arg(long)]
+    host_only: bool,
+    /// Milliseconds each of the two probes for other hosts' toolbox ids
+    /// listens, after start and every reload, beside the serving (0: do
+    /// not ask).
+    #[arg(long, default_value_t = 100)]
+    peer_probe_ms: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g.
+    /// 127.0.0.1:9464; port 0 picks a free port). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<SocketAddr>,
+    /// Append a JSON line per finished call to PATH (reopened on
+    /// SIGHUP). Off by default.
+    #[arg(long, value_name = "PATH")]
+    audit_log: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct CtlArgs {
+    /// The daemon's control socket (default as for `run`).
+    #[arg(long)]
+    control: Option<PathBuf>,
+    #[command(subcommand)]
+    action: CtlAction,
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    /// A directory of *.toml manifests (repeatable).
+    #[arg(long = "manifests", default_value = "manifests")]
+    manifests: Vec<PathBuf>,
+    /// Start each child, do the handshake, list and compile its tools.
+    #[arg(long)]
+    probe: bool,
+    /// Say per toolbox which confinement mechanisms hold on this machine.
+    #[arg(long)]
+    sandbox: bool,
+}
+
+#[derive(Args)]
+struct ListArgs {
+    /// The bus (default: from mycroft.conf, else ws://127.0.0.1:8181/core).
+    #[arg(long)]
+    bus: Option<String>,
+    /// Seconds to wait for the answer.
+    #[arg(long, default_value_t = 10)]
+    timeout: u64,
+}
+
+#[derive(Args)]
+struct CallArgs {
+    /// The tool's name.
+    tool: String,
+    /// The toolbox that owns it (needed when two toolboxes share the name).
+    #[arg(long)]
+    toolbox: Option<String>,
+    /// The arguments, a JSON object.
+    #[arg(long, default_value = "{}")]
+    args: String,
+    /// The bus (default: from mycroft.conf, else ws://127.0.0.1:8181/core).
+    #[arg(long)]
+    bus: Option<String>,
+    /// Seconds to wait for the answer.
+    #[arg(long, default_value_t = 60)]
+    timeout: u64,
+}
+
+#[derive(Args)]
+struct NewArgs {
+    /// The toolbox id (also the file names).
+    name: String,
+    #[arg(long, value_enum, default_value_t = NewLang::Python)]
+    lang: NewLang,
+    /// The manifests directory to write into.
+    #[arg(long, default_value = "manifests")]
+    dir: PathBuf,
+}
+
+#[derive(Args)]
+struct BusArgs {
+    #[arg(long, default_value = "127.0.0.1:8181")]
+    listen: SocketAddr,
+    /// Let web pages of any origin use the bus (by default a connection
+    /// that names a non-loopback Origin is refused).
+    #[arg(long)]
+    allow_any_origin: bool,
 }
 
 fn init_logging(format: LogFormat) {
@@ -186,7 +209,7 @@ fn init_logging(format: LogFormat) {
 }
 
 fn main() -> ExitCode {
-    // The daemon's keeper (src/keeper.rs): no runtime, no logging, just wait
+    // The daemon's keeper (src/process/keeper.rs): no runtime, no logging, just wait
     // for the daemon's end.
     let mut raw = std::env::args_os().skip(1);
     if raw.next().as_deref() == Some(std::ffi::OsStr::new(toolboxd::process::keeper::SUBCOMMAND)) {
@@ -221,165 +244,173 @@ fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Run {
-            manifests,
-            bus,
-            embedded_bus,
-            control,
-            host_only,
-            peer_probe_ms,
-            bus_allow_any_origin,
-            metrics,
-            audit_log,
-        } => {
-            let control = match control {
-                Some(path) => path,
-                None => toolboxd::control::default_path()?,
-            };
-            let bus = match (bus, embedded_bus) {
-                (Some(url), _) => BusMode::Connect(url),
-                (None, Some(addr)) => BusMode::Embedded(addr),
-                (None, None) => BusMode::Auto,
-            };
-            daemon::run_until_signalled(RunOptions {
-                manifests,
-                bus,
-                control,
-                host_only,
-                peer_probe: Duration::from_millis(peer_probe_ms),
-                bus_any_origin: bus_allow_any_origin,
-                observability: daemon::Observability { metrics, audit_log },
-                ready: None,
-            })
-            .await?;
-            Ok(ExitCode::SUCCESS)
+        Command::Run(args) => run(args).await,
+        Command::Ctl(args) => ctl(args).await,
+        Command::Check(args) => check(args).await,
+        Command::List(args) => list(args).await,
+        Command::Call(args) => call(args).await,
+        Command::New(args) => new(args),
+        Command::Bus(args) => bus(args).await,
+    }
+}
+
+/// `toolboxd run`: the daemon, until SIGTERM or SIGINT.
+async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let control = match args.control {
+        Some(path) => path,
+        None => toolboxd::control::default_path()?,
+    };
+    let bus = match (args.bus, args.embedded_bus) {
+        (Some(url), _) => BusMode::Connect(url),
+        (None, Some(addr)) => BusMode::Embedded(addr),
+        (None, None) => BusMode::Auto,
+    };
+    daemon::run_until_signalled(RunOptions {
+        manifests: args.manifests,
+        bus,
+        control,
+        host_only: args.host_only,
+        peer_probe: Duration::from_millis(args.peer_probe_ms),
+        bus_any_origin: args.bus_allow_any_origin,
+        observability: daemon::Observability {
+            metrics: args.metrics,
+            audit_log: args.audit_log,
+        },
+        ready: None,
+    })
+    .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `toolboxd ctl`: one operation over the control socket; exit 1 when it
+/// failed (a reload that reported errors included).
+async fn ctl(args: CtlArgs) -> anyhow::Result<ExitCode> {
+    let path = match args.control {
+        Some(path) => path,
+        None => toolboxd::control::default_path()?,
+    };
+    let action = args.action;
+    let operation = match &action {
+        CtlAction::Status { .. } => Operation::Status,
+        CtlAction::Restart { id } => Operation::Restart(id.clone()),
+        CtlAction::Stop { id } => Operation::Stop(id.clone()),
+        CtlAction::Start { id } => Operation::Start(id.clone()),
+        CtlAction::Reload => Operation::Reload,
+        CtlAction::Logs { id, lines } => Operation::Logs {
+            id: id.clone(),
+            lines: *lines,
+        },
+    };
+    let result = toolboxd::control::request(&path, &operation).await?;
+    match (&action, &result) {
+        (CtlAction::Status { json: false }, rows) => emit(&toolboxd::control::status_table(rows))?,
+        (CtlAction::Logs { .. }, lines) => emit(&toolboxd::control::log_lines(lines))?,
+        (_, Value::String(text)) => emit(&format!("{text}\n"))?,
+        (_, other) => emit(&format!("{}\n", serde_json::to_string_pretty(other)?))?,
+    }
+    let reload_failed = matches!(action, CtlAction::Reload)
+        && result["errors"].as_array().is_some_and(|e| !e.is_empty());
+    Ok(exit_code(!reload_failed))
+}
+
+/// `toolboxd check`: exit 1 when a manifest (or a probed child) is bad.
+async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let ok = toolboxd::cli::check::check(
+        &args.manifests,
+        args.probe,
+        args.sandbox,
+        &mut std::io::stdout(),
+    )
+    .await;
+    Ok(exit_code(ok))
+}
+
+/// `toolboxd list`: `ovos.tools.list` on the bus.
+async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let data = toolboxd::cli::caller::request(
+        &bus_url(args.bus),
+        "ovos.tools.list",
+        Object::new(),
+        Duration::from_secs(args.timeout),
+    )
+    .await?;
+    print_answer(data)
+}
+
+/// `toolboxd call`: `ovos.tools.invoke`, or `ovos.persona.tools.call` with
+/// `--toolbox`.
+async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
+    let arguments: Value = serde_json::from_str(&args.args)
+        .with_context(|| format!("--args is not JSON: {}", args.args))?;
+    anyhow::ensure!(
+        arguments.is_object(),
+        "--args must be a JSON object, e.g. '{{\"a\": 2}}'"
+    );
+    let mut data = Object::new();
+    data.insert("name".into(), Value::String(args.tool));
+    let topic = match args.toolbox {
+        Some(id) => {
+            data.insert("toolbox_id".into(), Value::String(id));
+            data.insert("kwargs".into(), arguments);
+            "ovos.persona.tools.call"
         }
-        Command::Ctl { control, action } => {
-            let path = match control {
-                Some(path) => path,
-                None => toolboxd::control::default_path()?,
-            };
-            let operation = match &action {
-                CtlAction::Status { .. } => Operation::Status,
-                CtlAction::Restart { id } => Operation::Restart(id.clone()),
-                CtlAction::Stop { id } => Operation::Stop(id.clone()),
-                CtlAction::Start { id } => Operation::Start(id.clone()),
-                CtlAction::Reload => Operation::Reload,
-                CtlAction::Logs { id, lines } => Operation::Logs {
-                    id: id.clone(),
-                    lines: *lines,
-                },
-            };
-            let result = toolboxd::control::request(&path, &operation).await?;
-            match (&action, &result) {
-                (CtlAction::Status { json: false }, rows) => {
-                    emit(&toolboxd::control::status_table(rows))?
-                }
-                (CtlAction::Logs { .. }, lines) => emit(&toolboxd::control::log_lines(lines))?,
-                (_, Value::String(text)) => emit(&format!("{text}\n"))?,
-                (_, other) => emit(&format!("{}\n", serde_json::to_string_pretty(other)?))?,
-            }
-            let reload_failed = matches!(action, CtlAction::Reload)
-                && result["errors"].as_array().is_some_and(|e| !e.is_empty());
-            Ok(if reload_failed {
-                ExitCode::FAILURE
-            } else {
-                ExitCode::SUCCESS
-            })
+        None => {
+            data.insert("args".into(), arguments);
+            "ovos.tools.invoke"
         }
-        Command::Check {
-            manifests,
-            probe,
-            sandbox,
-        } => {
-            let ok =
-                toolboxd::cli::check::check(&manifests, probe, sandbox, &mut std::io::stdout())
-                    .await;
-            Ok(if ok {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
-        Command::List { bus, timeout } => {
-            let data = toolboxd::cli::caller::request(
-                &bus_url(bus),
-                "ovos.tools.list",
-                Object::new(),
-                Duration::from_secs(timeout),
-            )
-            .await?;
-            print_answer(data)
-        }
-        Command::Call {
-            tool,
-            toolbox,
-            args,
-            bus,
-            timeout,
-        } => {
-            let args: Value = serde_json::from_str(&args)
-                .with_context(|| format!("--args is not JSON: {args}"))?;
-            anyhow::ensure!(
-                args.is_object(),
-                "--args must be a JSON object, e.g. '{{\"a\": 2}}'"
-            );
-            let mut data = Object::new();
-            data.insert("name".into(), Value::String(tool));
-            let topic = match toolbox {
-                Some(id) => {
-                    data.insert("toolbox_id".into(), Value::String(id));
-                    data.insert("kwargs".into(), args);
-                    "ovos.persona.tools.call"
-                }
-                None => {
-                    data.insert("args".into(), args);
-                    "ovos.tools.invoke"
-                }
-            };
-            let data = toolboxd::cli::caller::request(
-                &bus_url(bus),
-                topic,
-                data,
-                Duration::from_secs(timeout),
-            )
-            .await?;
-            print_answer(data)
-        }
-        Command::New { name, lang, dir } => {
-            let lang = match lang {
-                NewLang::Python => toolboxd::cli::scaffold::Lang::Python,
-                NewLang::Shell => toolboxd::cli::scaffold::Lang::Shell,
-            };
-            for path in toolboxd::cli::scaffold::new_toolbox(&name, lang, &dir)? {
-                emit(&format!("wrote {}\n", path.display()))?;
-            }
-            emit(&format!(
-                "next: toolboxd check --probe --manifests {}\n",
-                dir.display()
-            ))?;
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Bus {
-            listen,
-            allow_any_origin,
-        } => {
-            let (trigger, shutdown) = toolboxd::shutdown::ShutdownTrigger::new();
-            let listener = tokio::net::TcpListener::bind(listen)
-                .await
-                .with_context(|| format!("cannot listen on {listen}"))?;
-            tracing::info!(addr = %listener.local_addr().unwrap_or(listen), "messagebus listening");
-            let server = tokio::spawn(toolboxd::bus::server::serve(
-                listener,
-                toolboxd::bus::server::Hub::new(),
-                shutdown,
-                allow_any_origin,
-            ));
-            wait_for_stop_signal().await?;
-            trigger.trigger();
-            let _ = server.await;
-            Ok(ExitCode::SUCCESS)
-        }
+    };
+    let data = toolboxd::cli::caller::request(
+        &bus_url(args.bus),
+        topic,
+        data,
+        Duration::from_secs(args.timeout),
+    )
+    .await?;
+    print_answer(data)
+}
+
+/// `toolboxd new`: a toolbox and its manifest from templates.
+fn new(args: NewArgs) -> anyhow::Result<ExitCode> {
+    let lang = match args.lang {
+        NewLang::Python => toolboxd::cli::scaffold::Lang::Python,
+        NewLang::Shell => toolboxd::cli::scaffold::Lang::Shell,
+    };
+    for path in toolboxd::cli::scaffold::new_toolbox(&args.name, lang, &args.dir)? {
+        emit(&format!("wrote {}\n", path.display()))?;
+    }
+    emit(&format!(
+        "next: toolboxd check --probe --manifests {}\n",
+        args.dir.display()
+    ))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `toolboxd bus`: the embedded messagebus alone, until SIGTERM or SIGINT.
+async fn bus(args: BusArgs) -> anyhow::Result<ExitCode> {
+    let (trigger, shutdown) = toolboxd::shutdown::ShutdownTrigger::new();
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr().unwrap_or(args.listen);
+    tracing::info!(%addr, "messagebus listening");
+    let server = tokio::spawn(toolboxd::bus::server::serve(
+        listener,
+        toolboxd::bus::server::Hub::new(),
+        shutdown,
+        args.allow_any_origin,
+    ));
+    wait_for_stop_signal().await?;
+    trigger.trigger();
+    let _ = server.await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Exit 0 when `ok`, else 1.
+fn exit_code(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 
@@ -412,11 +443,7 @@ fn print_answer(data: Object) -> anyhow::Result<ExitCode> {
         "{}\n",
         serde_json::to_string_pretty(&Value::Object(data))?
     ))?;
-    Ok(if failed {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(exit_code(!failed))
 }
 
 /// `--bus`, else the bus mycroft.conf names (its problems reported on stderr).

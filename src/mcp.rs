@@ -331,6 +331,20 @@ pub fn generic_output_schema() -> Value {
     })
 }
 
+/// The text blocks of a `tools/call` result's `content`, joined by
+/// newlines (other blocks, and a `content` that is not an array, give none).
+pub fn joined_text(content: Option<&Value>) -> String {
+    let Some(Value::Array(blocks)) = content else {
+        return String::new();
+    };
+    blocks
+        .iter()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+        .filter_map(|b| b.get("text").and_then(Value::as_str))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

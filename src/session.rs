@@ -136,6 +136,15 @@ impl Session {
     }
 }
 
+#[cfg(test)]
+impl Session {
+    /// A session over `rpc` in the legacy era, with no handshake: for a
+    /// stand-in child (`process/child/stand_in.rs`).
+    pub(crate) fn standing_in(rpc: RpcHandle) -> Session {
+        Session::new(rpc, Era::Legacy("2025-06-18".to_owned()), None)
+    }
+}
+
 async fn timed<T>(
     step: &'static str,
     limit: Duration,

@@ -146,7 +146,7 @@ impl Supervisor {
     /// Waits until every toolbox has finished its first start (ready, failed
     /// or stopped), each up to its call timeout.
     pub async fn wait_started(&self) {
-        let now = std::time::Instant::now();
+        let now = tokio::time::Instant::now();
         join_all(
             self.handles()
                 .map(|h| h.wait_started(now + h.call_timeout())),

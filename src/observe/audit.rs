@@ -456,28 +456,17 @@ fn open_file(path: &Path) -> Result<(Box<dyn Write + Send>, u64), String> {
 
 /// The JSON line of `call` (without its newline), within [`MAX_LINE_BYTES`].
 fn encode(call: &Finished<'_>) -> String {
-    let session = call
-        .request
-        .context
-        .get("session")
-        .and_then(|s| s.get("session_id"))
-        .and_then(Value::as_str)
-        .map(|s| cut(s, MAX_SESSION_BYTES));
     let mut line = Line {
         time: crate::util::clock::rfc3339(std::time::SystemTime::now()),
         toolbox: call.toolbox,
         tool: call.tool,
-        session,
-        topic: cut(&call.request.msg_type, MAX_TEXT_BYTES),
+        session: call.session.map(|s| cut(s, MAX_SESSION_BYTES)),
+        topic: cut(call.topic, MAX_TEXT_BYTES),
         duration_ms: (call.took.as_secs_f64() * 1e6).round() / 1e3,
         outcome: call.outcome.name(),
-        error: call.answer.as_ref().err().map(|e| cut(e, MAX_TEXT_BYTES)),
+        error: call.error.map(|e| cut(e, MAX_TEXT_BYTES)),
         arguments: call.arguments,
-        result: call
-            .arguments
-            .is_some()
-            .then(|| call.answer.as_ref().ok())
-            .flatten(),
+        result: call.arguments.and(call.result),
         truncated: false,
     };
     let text = serde_json::to_string(&line).unwrap_or_default();

@@ -5,9 +5,6 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::bus::envelope::Message;
-use crate::toolbox::CallError;
-
 /// How a call ended: the `outcome` label of the calls metric and the audit
 /// log's `outcome` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,23 +50,12 @@ impl Ending {
             Ending::Busy => "busy",
         }
     }
-
-    /// How a call that got no result from its toolbox ended.
-    pub fn of(error: &CallError) -> Ending {
-        match error {
-            CallError::Timeout(_) => Ending::Timeout,
-            CallError::Exited(_) | CallError::Broken(_) => Ending::Crash,
-            CallError::Rpc(_) | CallError::Failed(_) | CallError::Stopped => Ending::Error,
-            CallError::Busy { .. } => Ending::Busy,
-            CallError::Cancelled => Ending::Cancelled,
-            CallError::TooLarge { .. } => Ending::Invalid,
-        }
-    }
 }
 
 /// One call, as it finished.
 pub struct Finished<'a> {
-    /// The toolbox that had it.
+    /// The toolbox that had it (empty when the request named none that
+    /// this daemon has).
     pub toolbox: &'a str,
     /// The tool, as the catalog knows it (never an unknown name).
     pub tool: &'a str,
@@ -77,11 +63,15 @@ pub struct Finished<'a> {
     pub outcome: Ending,
     /// From its arrival to its answer.
     pub took: Duration,
-    /// The request: its topic and session, for the audit log.
-    pub request: &'a Message,
-    /// The answer: its error text, and its result for an audit that
-    /// records arguments.
-    pub answer: &'a Result<Value, String>,
+    /// The topic (or face and method) it came by, for the audit log.
+    pub topic: &'a str,
+    /// The caller's session, for the audit log.
+    pub session: Option<&'a str>,
+    /// The error text the caller read.
+    pub error: Option<&'a str>,
     /// The arguments, when the audit log records them for this toolbox.
     pub arguments: Option<&'a Value>,
+    /// The result (structured output, else the MCP result), when the audit
+    /// log records arguments for this toolbox.
+    pub result: Option<&'a Value>,
 }

@@ -1,5 +1,5 @@
 //! What a finished call tells the operator: how it ended ([`ending`]), and
-//! the one place the service reports it ([`Observer::call_finished`]) to the
+//! the one place the call pipeline reports it ([`Observer::call_finished`]) to the
 //! sinks below it, each when enabled: the [`metrics`] (Prometheus,
 //! `--metrics`) and the [`audit`] log (`--audit-log`).
 
@@ -7,8 +7,6 @@ use std::sync::Arc;
 
 use audit::Audit;
 use metrics::Metrics;
-
-use crate::toolbox::ToolboxHandle;
 
 pub mod audit;
 pub mod ending;
@@ -32,10 +30,10 @@ impl Observer {
         Observer { metrics, audit }
     }
 
-    /// Whether a call to `toolbox` must keep its arguments for the audit log
-    /// (its manifest says `audit_arguments = true`).
-    pub fn wants_arguments(&self, toolbox: &ToolboxHandle) -> bool {
-        self.audit.is_some() && toolbox.audit_arguments()
+    /// Whether an audit log is written: a call whose toolbox says
+    /// `audit_arguments = true` then keeps its arguments for it.
+    pub fn audits(&self) -> bool {
+        self.audit.is_some()
     }
 
     /// Reports a progress message relayed for a call of `tool` in `toolbox`.

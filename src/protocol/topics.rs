@@ -15,6 +15,7 @@ pub const RELOAD: &str = "ovos.tools.reload";
 pub const STOP: &str = "mycroft.stop";
 
 /// Which handler a topic goes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Topic {
     Discover,
     PersonaCall,

@@ -15,6 +15,8 @@ mod replicas;
 pub mod restart;
 mod running;
 mod serving;
+#[cfg(test)]
+pub(crate) mod stand_in;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -30,11 +32,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::cancel::Cancel;
+use crate::call::Call;
 use crate::manifest::Manifest;
 use crate::mcp::RpcError;
 use crate::process::child::{ExitInfo, Kept, RpcFailure};
 use crate::tool::ToolSet;
+use crate::util::deadline::Deadline;
 
 /// Where a toolbox publishes itself, its state and its tools: the registry, in
 /// the daemon. A trait, so that the toolbox does not depend on the registry.
@@ -70,6 +73,9 @@ pub enum CallError {
     /// The request would be larger than the child may be sent
     /// (`max_message_bytes`): the caller's error; the child never saw it.
     TooLarge { bytes: usize, limit: usize },
+    /// The arguments are larger than the toolbox takes
+    /// (`max_argument_bytes`): refused unread.
+    ArgumentsTooLarge { bytes: usize, limit: usize },
 }
 /// A toolbox's lifecycle state (docs/operations.md, "What to do in each state").
 #[derive(Debug, Clone, PartialEq)]
@@ -251,130 +257,46 @@ impl ToolboxHandle {
             .collect()
     }
 
-    /// The manifest's `max_argument_bytes`.
-    pub fn max_argument_bytes(&self) -> usize {
-        self.limits.borrow().max_argument_bytes
-    }
-
-    /// The manifest's `audit_arguments`.
-    pub fn audit_arguments(&self) -> bool {
-        self.limits.borrow().audit_arguments
-    }
-
     /// The manifest's `call_timeout_s`.
     pub fn call_timeout(&self) -> Duration {
         self.limits.borrow().call
     }
 
-    /// How long a call of `tool` may take, from its arrival.
-    pub fn deadline_of(&self, tool: &str) -> Duration {
-        self.limits.borrow().for_tool(tool)
+    /// The one deadline of a call of `tool` that arrived at `arrived`: its
+    /// `tool_timeouts` entry, else `call_timeout_s`.
+    pub fn deadline(&self, tool: &str, arrived: tokio::time::Instant) -> Deadline {
+        Deadline::after(arrived, self.limits.borrow().for_tool(tool))
     }
 
-    /// Runs one call of `tool` (arguments already validated) that arrived at
-    /// `arrived`: waits for a serving child and a free slot on it, and returns
-    /// the child's raw MCP result. Everything, the wait included, happens
-    /// within the tool's deadline counted from `arrived`, and ends early when
-    /// `cancel` fires.
-    pub async fn call(
-        &self,
-        tool: &str,
-        args: Value,
-        arrived: Instant,
-        cancel: &mut Cancel,
-    ) -> Result<Value, CallError> {
-        self.call_with_progress(tool, args, arrived, cancel, None)
-            .await
-    }
-
-    /// [`ToolboxHandle::call`], with the child's progress notifications for
-    /// the call sent to `progress`.
-    pub async fn call_with_progress(
-        &self,
-        tool: &str,
-        args: Value,
-        arrived: Instant,
-        cancel: &mut Cancel,
-        progress: Option<crate::process::child::ProgressSender>,
-    ) -> Result<Value, CallError> {
+    /// Admits `call`, or says why not: past every slot and
+    /// `max_queued_calls` waiting it is refused as busy, at once, rather
+    /// than queued without end; arguments past `max_argument_bytes` are
+    /// refused unread. The call counts as in flight until the admission is
+    /// dropped.
+    pub fn admit(&self, call: &Call) -> Result<Admission<'_>, CallError> {
         let waiting = self.stats.in_flight.fetch_add(1, Ordering::Relaxed) as usize;
-        let _count = InFlightCount(&self.stats);
-        // Admission: past every slot and `max_queued_calls` waiting, refuse
-        // at once rather than queue without end.
-        if waiting >= self.limits.borrow().admitted {
+        let count = InFlightCount(&self.stats);
+        let limits = self.limits.borrow();
+        if waiting >= limits.admitted {
+            // Counted as an error in status, as every call it refuses.
+            self.stats
+                .record_call(false, call.request.arrived.elapsed());
             return Err(CallError::Busy { waiting });
         }
-        let limit = self.deadline_of(tool);
-        let deadline = tokio::time::Instant::from_std(arrived + limit);
-        loop {
-            // Watch the slots from before we pick a child, so that a child
-            // found dead below is followed by the next one published.
-            let mut changes: Vec<watch::Receiver<Slot>> =
-                self.replicas.iter().map(|r| r.slot.clone()).collect();
-            let taken = tokio::select! {
-                taken = self.take_slot(deadline) => taken,
-                () = cancel.fired() => return Err(CallError::Cancelled),
-            };
-            let slot = match taken {
-                Ok(slot) => slot,
-                Err(None) => return Err(CallError::Timeout(limit)),
-                Err(Some(e)) => return Err(e),
-            };
-            if slot.0.session.is_gone() {
-                // The child died before the call reached it and its actor has
-                // not said so yet: the call waits for the next child, like
-                // any call during a restart.
-                drop(slot);
-                let next = changes.iter_mut().map(|s| Box::pin(s.changed()));
-                let next =
-                    tokio::time::timeout_at(deadline, futures_util::future::select_all(next));
-                match tokio::select! {
-                    next = next => next,
-                    () = cancel.fired() => return Err(CallError::Cancelled),
-                } {
-                    Err(_) => return Err(CallError::Timeout(limit)),
-                    Ok((Err(_), ..)) => return Err(CallError::Stopped),
-                    Ok(_) => continue,
-                }
+        // The message carrying the arguments bounds them: only one that may
+        // be larger than the limit is measured.
+        let limit = limits.max_argument_bytes;
+        if call.request.bytes > limit {
+            let bytes = json_bytes(&call.request.arguments);
+            if bytes > limit {
+                return Err(CallError::ArgumentsTooLarge { bytes, limit });
             }
-            let serving = slot.0.clone();
-            // How long the child has for the call: a call that waited for a
-            // slot most of its time and then runs past its deadline says
-            // nothing about the child.
-            let on_child = deadline.saturating_duration_since(tokio::time::Instant::now());
-            // The slot goes with the request: past the deadline it stays
-            // taken until the child answers anyway, or is gone.
-            let outcome = serving
-                .session
-                .call_tool(tool, args, deadline, cancel, Kept::new(slot), progress)
-                .await;
-            return match outcome {
-                Ok(result) => {
-                    serving.answered();
-                    Ok(result)
-                }
-                Err(RpcFailure::TimedOut) => {
-                    // Against the child only if it had at least half the
-                    // call's time: a burst of slow calls queued behind
-                    // each other reaches it with seconds left, and it is
-                    // busy, not wedged.
-                    if on_child >= limit / 2 {
-                        serving.timed_out();
-                    }
-                    Err(CallError::Timeout(limit))
-                }
-                Err(RpcFailure::Rpc(e)) => {
-                    serving.answered();
-                    Err(CallError::Rpc(e))
-                }
-                Err(RpcFailure::Cancelled) => Err(CallError::Cancelled),
-                Err(RpcFailure::Exited(exit)) => Err(CallError::Exited(exit)),
-                Err(RpcFailure::Broken(why)) => Err(CallError::Broken(why)),
-                Err(RpcFailure::TooLarge { bytes, limit }) => {
-                    Err(CallError::TooLarge { bytes, limit })
-                }
-            };
         }
+        Ok(Admission {
+            handle: self,
+            audit_arguments: limits.audit_arguments,
+            _count: count,
+        })
     }
 
     /// Waits, until `deadline`, for a serving child and one of its call
@@ -464,12 +386,11 @@ impl ToolboxHandle {
 
     /// Waits until every instance has left `starting` or `restarting`, or
     /// `deadline` passes; `true` if they did.
-    pub async fn wait_started(&self, deadline: Instant) -> bool {
+    pub async fn wait_started(&self, deadline: tokio::time::Instant) -> bool {
         let all = futures_util::future::join_all(self.replicas.iter().map(|r| {
             let mut slot = r.slot.clone();
             async move { slot.wait_for(|s| !matches!(s, Slot::Waiting)).await.is_ok() }
         }));
-        let deadline = tokio::time::Instant::from_std(deadline);
         matches!(tokio::time::timeout_at(deadline, all).await, Ok(v) if v.iter().all(|ok| *ok))
     }
 
@@ -586,6 +507,172 @@ impl ToolboxHandle {
                 first.wake.notify_one();
             }
         }
+    }
+}
+
+/// A call its toolbox admitted: counted in flight until dropped.
+pub struct Admission<'a> {
+    /// The toolbox that admitted it.
+    handle: &'a ToolboxHandle,
+    /// Its manifest's `audit_arguments`: the audit log records this call's
+    /// arguments and result.
+    audit_arguments: bool,
+    /// Keeps the call in the toolbox's `in_flight` (its admission counts it).
+    _count: InFlightCount<'a>,
+}
+
+impl Admission<'_> {
+    /// Whether the audit log records this call's arguments and result (its
+    /// manifest says `audit_arguments = true`).
+    pub fn audits_arguments(&self) -> bool {
+        self.audit_arguments
+    }
+
+    /// Runs `call` (its arguments already checked): waits for a serving
+    /// child and a free slot on it, and returns the child's raw MCP
+    /// result. Everything, the wait included, ends at the call's deadline,
+    /// or early when its cancel token fires. The arguments are taken out
+    /// of the call and sent.
+    pub async fn call(&self, call: &mut Call) -> Result<Value, CallError> {
+        let handle = self.handle;
+        let deadline = call.deadline;
+        let limit = deadline.limit();
+        loop {
+            // Watch the slots from before we pick a child, so that a child
+            // found dead below is followed by the next one published.
+            let mut changes: Vec<watch::Receiver<Slot>> =
+                handle.replicas.iter().map(|r| r.slot.clone()).collect();
+            let taken = tokio::select! {
+                taken = handle.take_slot(deadline.at()) => taken,
+                () = call.request.cancel.fired() => return Err(CallError::Cancelled),
+            };
+            let slot = match taken {
+                Ok(slot) => slot,
+                Err(None) => return Err(CallError::Timeout(limit)),
+                Err(Some(e)) => return Err(e),
+            };
+            if slot.0.session.is_gone() {
+                // The child died before the call reached it and its actor has
+                // not said so yet: the call waits for the next child, like
+                // any call during a restart.
+                drop(slot);
+                let next = changes.iter_mut().map(|s| Box::pin(s.changed()));
+                let next =
+                    tokio::time::timeout_at(deadline.at(), futures_util::future::select_all(next));
+                match tokio::select! {
+                    next = next => next,
+                    () = call.request.cancel.fired() => return Err(CallError::Cancelled),
+                } {
+                    Err(_) => return Err(CallError::Timeout(limit)),
+                    Ok((Err(_), ..)) => return Err(CallError::Stopped),
+                    Ok(_) => continue,
+                }
+            }
+            let serving = slot.0.clone();
+            // How long the child has for the call: a call that waited for a
+            // slot most of its time and then runs past its deadline says
+            // nothing about the child.
+            let on_child = deadline.left();
+            let arguments = std::mem::take(&mut call.request.arguments);
+            // The slot goes with the request: past the deadline it stays
+            // taken until the child answers anyway, or is gone.
+            let outcome = serving
+                .session
+                .call_tool(
+                    &call.request.tool,
+                    arguments,
+                    deadline.at(),
+                    &mut call.request.cancel,
+                    Kept::new(slot),
+                    call.request.progress.take(),
+                )
+                .await;
+            return match outcome {
+                Ok(result) => {
+                    serving.answered();
+                    Ok(result)
+                }
+                Err(RpcFailure::TimedOut) => {
+                    // Against the child only if it had at least half the
+                    // call's time: a burst of slow calls queued behind
+                    // each other reaches it with seconds left, and it is
+                    // busy, not wedged.
+                    if on_child >= limit / 2 {
+                        serving.timed_out();
+                    }
+                    Err(CallError::Timeout(limit))
+                }
+                Err(RpcFailure::Rpc(e)) => {
+                    serving.answered();
+                    Err(CallError::Rpc(e))
+                }
+                Err(RpcFailure::Cancelled) => Err(CallError::Cancelled),
+                Err(RpcFailure::Exited(exit)) => Err(CallError::Exited(exit)),
+                Err(RpcFailure::Broken(why)) => Err(CallError::Broken(why)),
+                Err(RpcFailure::TooLarge { bytes, limit }) => {
+                    Err(CallError::TooLarge { bytes, limit })
+                }
+            };
+        }
+    }
+
+    /// The call is over: the toolbox's counters take it (`ok`: answered
+    /// with a result; `took`: from its arrival). A call refused before its
+    /// child had it is not counted: drop the admission instead.
+    pub fn finished(self, ok: bool, took: Duration) {
+        self.handle.stats.record_call(ok, took);
+    }
+}
+
+/// The length of `value` as compact JSON, without building the text.
+fn json_bytes(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+#[cfg(test)]
+impl ToolboxHandle {
+    /// One call of `tool` through admission, as the pipeline makes it
+    /// (arguments unchecked), for the tests of the toolbox alone.
+    pub(crate) async fn call(
+        &self,
+        tool: &str,
+        arguments: Value,
+        arrived: Instant,
+        cancel: &mut crate::cancel::Cancel,
+    ) -> Result<Value, CallError> {
+        use crate::cancel::Cancel;
+        let arrived = tokio::time::Instant::from_std(arrived);
+        let mut call = Call {
+            request: crate::call::Request {
+                topic: "test".to_owned(),
+                session: None,
+                toolbox: Some(self.id().to_owned()),
+                tool: tool.to_owned(),
+                arguments,
+                bytes: 0,
+                arrived,
+                cancel: std::mem::replace(cancel, Cancel::never()),
+                progress: None,
+            },
+            toolbox: self.id().to_owned(),
+            deadline: self.deadline(tool, arrived),
+        };
+        let admission = self.admit(&call)?;
+        let answer = admission.call(&mut call).await;
+        *cancel = call.request.cancel;
+        answer
     }
 }
 

@@ -41,9 +41,15 @@ fn finished<'a>(
             Ending::Error
         },
         took: Duration::from_micros(1500),
-        request,
-        answer,
+        topic: &request.msg_type,
+        session: request
+            .context
+            .get("session")
+            .and_then(|s| s.get("session_id"))
+            .and_then(Value::as_str),
+        error: answer.as_ref().err().map(String::as_str),
         arguments,
+        result: answer.as_ref().ok(),
     }
 }
 

@@ -17,6 +17,8 @@ mod group;
 mod logs;
 mod rpc;
 mod spawner;
+#[cfg(test)]
+pub(crate) mod stand_in;
 
 pub use logs::{LogLine, StderrLog, LOG_LINES};
 pub use rpc::{Kept, PastDeadline, ProgressSender, ProgressWatch, RpcFailure, RpcHandle};

@@ -10,10 +10,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
+use super::replies::Replies;
 use crate::bus::envelope::{Message, Object};
 use crate::mcp::Progress;
+use crate::observe::Observer;
 use crate::process::child::ProgressSender;
 
 /// The shortest time between two progress messages of one call.
@@ -23,7 +25,7 @@ pub const INTERVAL: Duration = Duration::from_millis(250);
 pub const SUFFIX: &str = ".progress";
 
 /// What a call's progress messages say besides the progress.
-pub struct About<'a> {
+pub(super) struct About<'a> {
     /// The call's request: the messages are its replies.
     pub request: &'a Message,
     /// The call's topic, which the messages' topic extends with [`SUFFIX`].
@@ -33,20 +35,20 @@ pub struct About<'a> {
     /// The tool called.
     pub tool: &'a str,
     /// Where each message sent is counted (metrics).
-    pub observer: &'a crate::observe::Observer,
+    pub observer: &'a Observer,
 }
 
 /// Where a call's progress goes (to give the call), and where
 /// [`relayed`] reads it.
-pub fn channel() -> (ProgressSender, watch::Receiver<Option<Progress>>) {
+pub(super) fn channel() -> (ProgressSender, watch::Receiver<Option<Progress>>) {
     watch::channel(None)
 }
 
 /// Runs `call`, relaying onto `out` the progress it reports to the sender
 /// that goes with `reports`, and returns its output. Nothing is relayed
 /// once `call` has finished: its answer comes after its progress.
-pub async fn relayed<F: Future>(
-    out: &mpsc::UnboundedSender<String>,
+pub(super) async fn relayed<F: Future>(
+    out: &Replies,
     about: About<'_>,
     mut reports: watch::Receiver<Option<Progress>>,
     call: F,
@@ -71,7 +73,7 @@ pub async fn relayed<F: Future>(
 
 /// Sends one progress message: every progress message toolboxd sends on
 /// the bus passes here.
-fn emit(out: &mpsc::UnboundedSender<String>, about: &About<'_>, progress: Progress) {
+fn emit(out: &Replies, about: &About<'_>, progress: Progress) {
     let mut data = Object::new();
     data.insert("toolbox_id".to_owned(), Value::from(about.toolbox));
     data.insert("name".to_owned(), Value::from(about.tool));
@@ -85,7 +87,7 @@ fn emit(out: &mpsc::UnboundedSender<String>, about: &About<'_>, progress: Progre
     let reply = about
         .request
         .reply(format!("{}{SUFFIX}", about.topic), data);
-    let _ = out.send(reply.encode());
+    out.send(reply.encode());
     about.observer.progress_relayed(about.toolbox, about.tool);
 }
 
@@ -93,6 +95,7 @@ fn emit(out: &mpsc::UnboundedSender<String>, about: &About<'_>, progress: Progre
 mod tests {
     use super::*;
     use serde_json::json;
+    use tokio::sync::mpsc;
 
     fn report(n: u64) -> Option<Progress> {
         Some(Progress {
@@ -105,6 +108,7 @@ mod tests {
     #[tokio::test]
     async fn coalesces_to_one_message_per_interval_and_stops_with_the_call() {
         let (out, mut frames) = mpsc::unbounded_channel::<String>();
+        let out = Replies::new(out);
         let context = json!({"source": "skill", "destination": "toolboxd",
                              "session": {"session_id": "s1"}});
         let request = Message {
@@ -117,7 +121,7 @@ mod tests {
             topic: "ovos.tools.invoke",
             toolbox: "math",
             tool: "add",
-            observer: &crate::observe::Observer::default(),
+            observer: &Observer::default(),
         };
         let (sender, reports) = channel();
         let (seen_tx, mut seen) = mpsc::unbounded_channel::<Value>();

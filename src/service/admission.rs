@@ -18,13 +18,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::value::RawValue;
+use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use super::{answers, Message, Object, Service, Topic, Value, MAX_CONTEXT_BYTES};
+use super::replies::{error_data, Replies};
+use super::MAX_CONTEXT_BYTES;
+use crate::bus::envelope::{Message, Object};
 use crate::bus::server::Peer;
-use crate::observe::{Ending, Finished};
-use crate::protocol::topics::route;
-use crate::registry::Resolved;
+use crate::call::Request;
+use crate::cancel::Cancel;
+use crate::pipeline::{Failed, Failure, Pipeline};
+use crate::protocol::topics::Topic;
 
 /// What the requests of all calls in progress may hold, counted as their
 /// frame's size times [`TREE_FACTOR`]: 8,000 calls of 1 KiB, eight with
@@ -49,21 +53,18 @@ pub(super) const PEER_HELD_BYTES: usize = HELD_BYTES / 4;
 /// Bytes held by each peer's calls in progress.
 type ByPeer = Arc<std::sync::Mutex<HashMap<Peer, usize>>>;
 
-/// The room the calls in progress share, and what each peer holds of it.
-pub(super) struct Held {
+/// The door calls come in by: the room the calls in progress share and
+/// what each peer holds of it, and the answers of the requests refused
+/// there.
+pub(super) struct Door {
     /// Room left, in bytes.
     room: Arc<Semaphore>,
     /// What each peer's calls hold, for [`PEER_HELD_BYTES`].
     by_peer: ByPeer,
-}
-
-impl Default for Held {
-    fn default() -> Self {
-        Held {
-            room: Arc::new(Semaphore::new(HELD_BYTES)),
-            by_peer: ByPeer::default(),
-        }
-    }
+    /// Where refusals are reported, as every ending of a call.
+    pipeline: Pipeline,
+    /// Where refusals are answered.
+    replies: Replies,
 }
 
 /// A call's room, given back when it is answered (dropped).
@@ -101,7 +102,17 @@ pub(super) enum NoRoom {
     PeerShare(Peer),
 }
 
-impl Held {
+impl Door {
+    /// The door of a bus face whose calls go through `pipeline`.
+    pub(super) fn new(pipeline: Pipeline, replies: Replies) -> Door {
+        Door {
+            room: Arc::new(Semaphore::new(HELD_BYTES)),
+            by_peer: ByPeer::default(),
+            pipeline,
+            replies,
+        }
+    }
+
     /// Room for a call whose request will hold `text_bytes` of text once
     /// built ([`crate::bus::envelope::Unbuilt::text_bytes`]: its context and
     /// the `data` members of [`CALL_KEYS`], not the padding beside them),
@@ -137,34 +148,48 @@ impl Held {
             Err(_) => Err(NoRoom::Full),
         }
     }
-}
 
-/// The `data` members a call uses: all of a call's request that is decoded
-/// and held (with its context).
-pub(super) const CALL_KEYS: [&str; 4] = ["name", "toolbox_id", "kwargs", "args"];
-
-impl Service {
     /// Answers a request whose context is too large to echo (its session
-    /// kept, if small, so that the caller can tell what it answers).
-    pub(super) fn refuse_context(&self, topic: Topic, mut request: Message, bytes: usize) {
-        tracing::debug!(topic = %request.msg_type, bytes, "refused a request with an oversize context");
+    /// kept, if small, so that the caller can tell what it answers); a
+    /// call's refusal is reported.
+    pub(super) fn refuse_context(&self, topic: Topic, mut message: Message, bytes: usize) {
+        tracing::debug!(topic = %message.msg_type, bytes, "refused a request with an oversize context");
         if matches!(topic, Topic::Discover) {
             return;
         }
-        let session = request.context.remove("session");
-        request.context.clear();
+        let session = message.context.remove("session");
+        message.context.clear();
         if let Some(session) = session.filter(|s| s.to_string().len() <= MAX_CONTEXT_BYTES) {
-            request.context.insert("session".to_owned(), session);
+            message.context.insert("session".to_owned(), session);
         }
-        let error = answers::oversize_context(bytes, MAX_CONTEXT_BYTES);
-        self.respond(&request, Self::error_data(&request, error));
+        let failure = Failure::OversizeContext {
+            bytes,
+            max: MAX_CONTEXT_BYTES,
+        };
+        let call = topic.is_call();
+        let failed = match refused_call(&message, topic, bytes) {
+            Some(request) => match self.pipeline.refused(&request, failure) {
+                Some(failed) => failed,
+                None => return,
+            },
+            None if call => return,
+            None => Failed::from(failure),
+        };
+        self.replies
+            .respond(&message, error_data(&message, failed.text));
     }
 
-    /// Answers a call that finds no room among the calls in progress. Only
-    /// what addresses the answer is decoded (the topic, the context, the
-    /// call's name and toolbox): the rest of the message, however large, is
-    /// skipped, not built into a tree.
-    pub(super) fn refuse_held(&self, frame: &str, why: NoRoom) {
+    /// Answers a call that finds no room among the calls in progress, and
+    /// reports it. Only what addresses the answer is decoded (the topic,
+    /// the context, the call's name and toolbox): the rest of the message,
+    /// however large, is skipped, not built into a tree. `Err`: the frame
+    /// is malformed, and not answered.
+    pub(super) fn refuse_call(
+        &self,
+        frame: &str,
+        topic: Topic,
+        why: NoRoom,
+    ) -> Result<(), serde_json::Error> {
         #[derive(serde::Deserialize)]
         struct Addressed<'a> {
             #[serde(rename = "type", borrow)]
@@ -181,10 +206,7 @@ impl Service {
             #[serde(borrow)]
             toolbox_id: Option<Cow<'a, str>>,
         }
-        let addressed = match serde_json::from_str::<Addressed>(frame) {
-            Ok(addressed) => addressed,
-            Err(e) => return self.log_malformed(&e),
-        };
+        let addressed = serde_json::from_str::<Addressed>(frame)?;
         let mut data = Object::new();
         for (key, value) in [
             ("name", addressed.data.name),
@@ -200,86 +222,75 @@ impl Service {
             .filter(|raw| raw.get().len() <= MAX_CONTEXT_BYTES)
             .and_then(|raw| serde_json::from_str::<Object>(raw.get()).ok())
             .unwrap_or_default();
-        let request = Message {
+        let message = Message {
             msg_type: addressed.msg_type.into_owned(),
             data,
             context,
         };
-        let labels = self.door_labels(&request);
-        let error = match why {
+        let failure = match why {
             NoRoom::Full => {
-                tracing::debug!(topic = %request.msg_type, bytes = frame.len(), "refused a call: the calls in progress hold all they may");
-                answers::overloaded(frame.len(), HELD_BYTES / TREE_FACTOR)
+                tracing::debug!(topic = %message.msg_type, bytes = frame.len(), "refused a call: the calls in progress hold all they may");
+                Failure::Overloaded {
+                    bytes: frame.len(),
+                    room: HELD_BYTES / TREE_FACTOR,
+                    peer: None,
+                }
             }
             NoRoom::PeerShare(peer) => {
-                tracing::debug!(topic = %request.msg_type, bytes = frame.len(), %peer, "refused a call: the calls in progress of its peer hold that peer's share");
-                answers::overloaded_peer(
-                    frame.len(),
-                    &peer.to_string(),
-                    PEER_HELD_BYTES / TREE_FACTOR,
-                )
+                tracing::debug!(topic = %message.msg_type, bytes = frame.len(), %peer, "refused a call: the calls in progress of its peer hold that peer's share");
+                Failure::Overloaded {
+                    bytes: frame.len(),
+                    room: PEER_HELD_BYTES / TREE_FACTOR,
+                    peer: Some(peer.to_string()),
+                }
             }
         };
-        let answer = Err(error);
-        if let Some((toolbox, tool)) = labels {
-            self.observer.call_finished(&Finished {
-                toolbox: &toolbox,
-                tool: &tool,
-                outcome: Ending::Busy,
-                took: std::time::Duration::ZERO,
-                request: &request,
-                answer: &answer,
-                arguments: None,
-            });
+        let Some(request) = refused_call(&message, topic, frame.len()) else {
+            return Ok(());
+        };
+        if let Some(failed) = self.pipeline.refused(&request, failure) {
+            self.replies
+                .respond(&message, error_data(&message, failed.text));
         }
-        let Err(error) = answer else { return };
-        self.respond(&request, Self::error_data(&request, error));
+        Ok(())
     }
+}
 
-    /// The (toolbox, tool) labels a call refused at the door is reported
-    /// under: `None` when no toolbox hosted here would have had it (another
-    /// host's, or a name nobody serves); the tool empty unless it is one of
-    /// the toolbox's.
-    fn door_labels(&self, request: &Message) -> Option<(String, String)> {
-        let catalog = self.registry.snapshot();
-        let name = request
+/// A call refused at the door, as the pipeline reports it; `None` for a
+/// request that is no call, or a persona call naming no toolbox (which
+/// is never answered).
+fn refused_call(message: &Message, topic: Topic, bytes: usize) -> Option<Request> {
+    let named = || {
+        message
+            .data
+            .get("toolbox_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let toolbox = match topic {
+        Topic::Invoke => None,
+        Topic::Predecessor(id) => Some(id),
+        Topic::PersonaCall => Some(named()?),
+        _ => return None,
+    };
+    Some(Request {
+        topic: message.msg_type.clone(),
+        session: super::call::session_of(message).map(str::to_owned),
+        toolbox,
+        tool: message
             .data
             .get("name")
             .and_then(Value::as_str)
-            .unwrap_or("");
-        let id = match route(&request.msg_type)? {
-            Topic::Invoke => {
-                return match catalog.resolve(name) {
-                    Resolved::One(entry, tool) => {
-                        Some((entry.handle.id().to_owned(), tool.name.clone()))
-                    }
-                    _ => None,
-                }
-            }
-            Topic::Predecessor(id) => id,
-            _ => request.data.get("toolbox_id")?.as_str()?.to_owned(),
-        };
-        let entry = catalog.toolbox(&id).filter(|e| e.is_hosted())?;
-        let tool = entry
-            .tools
-            .get(name)
-            .map_or("", |t| t.name.as_str())
-            .to_owned();
-        Some((id, tool))
-    }
-
-    /// An error answer's data: the error, with the request's `name` and
-    /// `toolbox_id` (when short) so the caller can tell what it answers.
-    pub(super) fn error_data(request: &Message, error: String) -> Object {
-        let mut data = Object::new();
-        for key in ["name", "toolbox_id"] {
-            if let Some(Value::String(v)) = request.data.get(key) {
-                if v.len() <= 256 {
-                    data.insert(key.to_owned(), Value::String(v.clone()));
-                }
-            }
-        }
-        data.insert("error".to_owned(), Value::String(error));
-        data
-    }
+            .unwrap_or("")
+            .to_owned(),
+        arguments: Value::Null,
+        bytes,
+        arrived: tokio::time::Instant::now(),
+        cancel: Cancel::never(),
+        progress: None,
+    })
 }
+
+/// The `data` members a call uses: all of a call's request that is decoded
+/// and held (with its context).
+pub(super) const CALL_KEYS: [&str; 4] = ["name", "toolbox_id", "kwargs", "args"];
