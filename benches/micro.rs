@@ -90,8 +90,7 @@ fn child_lines(c: &mut Criterion) {
     let tool = add_tool();
     c.bench_function("result mapping (output checked)", |b| {
         b.iter(|| {
-            toolboxd::pipeline::outcome::answer_of(black_box(result.clone()), &tool, "math")
-                .unwrap()
+            toolboxd::pipeline::output::answer_of(black_box(result.clone()), &tool, "math").unwrap()
         })
     });
 }

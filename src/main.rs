@@ -327,7 +327,7 @@ async fn check(args: CheckArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolboxd list`: `ovos.tools.list` on the bus.
 async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
-    let data = toolboxd::cli::caller::request(
+    let data = toolboxd::cli::bus_request::request(
         &bus_url(args.bus),
         "ovos.tools.list",
         Object::new(),
@@ -359,7 +359,7 @@ async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
             "ovos.tools.invoke"
         }
     };
-    let data = toolboxd::cli::caller::request(
+    let data = toolboxd::cli::bus_request::request(
         &bus_url(args.bus),
         topic,
         data,

@@ -24,7 +24,7 @@ use crate::registry::{Catalog, Registry};
 use crate::shutdown::Shutdown;
 use crate::supervisor::{ReloadReport, Supervisor};
 use crate::toolbox::{State, ToolboxHandle};
-use crate::util::wait::or_never;
+use crate::util::or_never::or_never;
 
 const STATUS: &str = "status";
 const RESTART: &str = "restart";
@@ -194,14 +194,14 @@ impl Reply {
 }
 
 /// An operation on its way to the [`Operator`].
-pub struct Request {
+pub struct OperatorRequest {
     /// What to do.
     operation: Operation,
     /// Who waits for the answer.
     reply: Reply,
 }
 
-impl Request {
+impl OperatorRequest {
     /// What is asked.
     pub fn operation(&self) -> &Operation {
         &self.operation
@@ -220,13 +220,13 @@ pub struct Operators {
     /// The queue to the operator. Unbounded so that a signal handler never
     /// waits; the operator keeps taking requests even while it reloads, so
     /// the queue stays short.
-    tx: mpsc::UnboundedSender<Request>,
+    tx: mpsc::UnboundedSender<OperatorRequest>,
 }
 
 /// The receiving side of the operator channel.
 pub struct Requests {
     /// The queue from every [`Operators`] handle.
-    rx: mpsc::UnboundedReceiver<Request>,
+    rx: mpsc::UnboundedReceiver<OperatorRequest>,
 }
 
 /// A new operator channel.
@@ -239,7 +239,7 @@ impl Operators {
     /// Asks for `operation` and waits for its outcome.
     pub async fn ask(&self, operation: Operation) -> Result<Performed, Refused> {
         let (tx, rx) = oneshot::channel();
-        let request = Request {
+        let request = OperatorRequest {
             operation,
             reply: Reply(Some(tx)),
         };
@@ -249,7 +249,7 @@ impl Operators {
 
     /// Asks for `operation` without waiting for it (SIGHUP).
     pub fn tell(&self, operation: Operation) {
-        let _ = self.tx.send(Request {
+        let _ = self.tx.send(OperatorRequest {
             operation,
             reply: Reply(None),
         });
@@ -258,7 +258,7 @@ impl Operators {
 
 impl Requests {
     /// The next request; `None` once every [`Operators`] handle is gone.
-    pub async fn recv(&mut self) -> Option<Request> {
+    pub async fn recv(&mut self) -> Option<OperatorRequest> {
         self.rx.recv().await
     }
 }
@@ -397,8 +397,8 @@ fn peer_check_after(
 
 /// Takes one request: a reload waits in `reloads` for the next reload; status
 /// is answered at once; an operation on one toolbox runs as a task of its own.
-fn take(registry: &Registry, request: Request, reloads: &mut Vec<Reply>) {
-    let Request { operation, reply } = request;
+fn take(registry: &Registry, request: OperatorRequest, reloads: &mut Vec<Reply>) {
+    let OperatorRequest { operation, reply } = request;
     match operation {
         Operation::Reload => reloads.push(reply),
         Operation::Status => {

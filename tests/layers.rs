@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, &[&str])] = &[
     (
         "commands",
-        &["daemon", "cli::check", "cli::caller", "cli::scaffold"],
+        &["daemon", "cli::check", "cli::bus_request", "cli::scaffold"],
     ),
     ("faces", &["service", "control"]),
     ("operator channel", &["operator"]),
@@ -46,7 +46,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "notify",
             "shutdown",
             "util::throttle",
-            "util::wait",
+            "util::or_never",
         ],
     ),
 ];
@@ -289,8 +289,196 @@ fn paths_are_read_inline_grouped_and_not_in_comments() {
         Some("process::child")
     );
     assert_eq!(
-        module_of(Path::new("service/refusals.rs")).as_deref(),
+        module_of(Path::new("service/admission.rs")).as_deref(),
         Some("service")
     );
     assert_eq!(module_of(Path::new("util/mod.rs")), None);
+}
+
+/// The full paths (every segment) of the path or `{...}` group `text`
+/// starts with, each after `prefix`.
+fn full_paths_at(text: &str, prefix: &[String], into: &mut Vec<Vec<String>>) {
+    let Some(group) = text.strip_prefix('{') else {
+        let end = text
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(text.len());
+        let first = &text[..end];
+        if first.is_empty() {
+            return;
+        }
+        let mut path = prefix.to_vec();
+        path.push(first.to_owned());
+        match text[end..].strip_prefix("::") {
+            Some(after) => full_paths_at(after, &path, into),
+            None => into.push(path),
+        }
+        return;
+    };
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                full_paths_at(group[start..i].trim_start(), prefix, into);
+                return;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                full_paths_at(group[start..i].trim_start(), prefix, into);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The module path of a file of `src/` (`lib.rs`: the crate root, empty).
+fn module_path(relative: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = relative
+        .components()
+        .map(|c| c.as_os_str().to_str().unwrap().to_owned())
+        .collect();
+    let last = parts.pop().unwrap();
+    let stem = last.strip_suffix(".rs").unwrap();
+    if !matches!(stem, "mod" | "lib" | "main") {
+        parts.push(stem.to_owned());
+    }
+    parts
+}
+
+/// Whether a file holds only tests (`tests.rs`, or under a `tests/` directory).
+fn is_tests(relative: &Path) -> bool {
+    relative
+        .components()
+        .any(|c| matches!(c.as_os_str().to_str(), Some("tests" | "tests.rs")))
+}
+
+/// Which files of `src/` each file uses: every `crate::` and `super::` path
+/// (inline ones too) resolved to the file of its longest module prefix.
+/// Test code (test files, a `#[cfg(test)] mod tests` block) is left out.
+fn file_edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = Vec::new();
+    sources(src, &mut files);
+    let by_module: BTreeMap<Vec<String>, String> = files
+        .iter()
+        .map(|f| {
+            let relative = f.strip_prefix(src).unwrap();
+            (module_path(relative), relative.display().to_string())
+        })
+        .collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let relative = file.strip_prefix(src).unwrap();
+        if is_tests(relative) {
+            continue;
+        }
+        let name = relative.display().to_string();
+        let text = code(&std::fs::read_to_string(file).unwrap());
+        let text = match text.find("#[cfg(test)]\nmod tests {") {
+            Some(at) => &text[..at],
+            None => &text[..],
+        };
+        let own = module_path(relative);
+        let mut paths = Vec::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            full_paths_at(rest, &[], &mut paths);
+        }
+        let mut rest = text;
+        while let Some(at) = rest.find("super::") {
+            // Only a path's first `super`: the others are read with it.
+            let before = &rest[..at];
+            rest = &rest[at..];
+            if before.ends_with("super::") {
+                rest = &rest["super::".len()..];
+                continue;
+            }
+            let mut base = own.clone();
+            while let Some(after) = rest.strip_prefix("super::") {
+                base.pop();
+                rest = after;
+            }
+            full_paths_at(rest, &base, &mut paths);
+        }
+        for path in paths {
+            let target = (1..=path.len())
+                .rev()
+                .find_map(|n| by_module.get(&path[..n]));
+            if let Some(target) = target {
+                let target_path = Path::new(target);
+                if *target != name && !is_tests(target_path) {
+                    edges
+                        .entry(name.clone())
+                        .or_default()
+                        .insert(target.clone());
+                }
+            }
+        }
+    }
+    edges
+}
+
+/// The cycles of `edges` (strongly connected components of more than one
+/// node), each sorted.
+fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+    // Two nodes are in one cycle when each reaches the other.
+    let reach = |from: &String| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(node) = todo.pop() {
+            for next in edges.get(&node).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reached: BTreeMap<&String, BTreeSet<String>> =
+        edges.keys().map(|node| (node, reach(node))).collect();
+    let mut found: BTreeSet<Vec<String>> = BTreeSet::new();
+    for (node, from_node) in &reached {
+        let cycle: Vec<String> = from_node
+            .iter()
+            .filter(|other| reached.get(other).is_some_and(|r| r.contains(*node)))
+            .cloned()
+            .collect();
+        if cycle.len() > 1 {
+            found.insert(cycle);
+        }
+    }
+    found.into_iter().collect()
+}
+
+#[test]
+fn no_two_files_use_each_other_even_through_others() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let edges = file_edges(&src);
+    let cycles = cycles(&edges);
+    assert!(
+        cycles.is_empty(),
+        "files that use each other (through crate:: and super:: paths): {cycles:?}"
+    );
+    // Not vacuous: the scan sees super:: paths and inline crate:: paths.
+    for (from, to) in [
+        ("service/call.rs", "service/replies.rs"),
+        ("pipeline/mod.rs", "toolbox/mod.rs"),
+        ("pipeline/output.rs", "pipeline/texts.rs"),
+    ] {
+        assert!(
+            edges.get(from).is_some_and(|t| t.contains(to)),
+            "{from} -> {to} not seen"
+        );
+    }
+}
+
+#[test]
+fn a_file_cycle_is_found() {
+    let mut edges = BTreeMap::new();
+    edges.insert("a.rs".to_owned(), BTreeSet::from(["b.rs".to_owned()]));
+    edges.insert("b.rs".to_owned(), BTreeSet::from(["c.rs".to_owned()]));
+    edges.insert("c.rs".to_owned(), BTreeSet::from(["a.rs".to_owned()]));
+    edges.insert("d.rs".to_owned(), BTreeSet::from(["a.rs".to_owned()]));
+    assert_eq!(cycles(&edges), [["a.rs", "b.rs", "c.rs"]]);
 }

@@ -1,7 +1,7 @@
 //! The commands that are not the daemon: [`check`] (`toolboxd check`),
-//! [`caller`] (`toolboxd list`, `toolboxd call`), [`scaffold`]
+//! [`bus_request`] (`toolboxd list`, `toolboxd call`), [`scaffold`]
 //! (`toolboxd new`).
 
-pub mod caller;
+pub mod bus_request;
 pub mod check;
 pub mod scaffold;

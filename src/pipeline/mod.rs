@@ -9,12 +9,14 @@
 //! their own protocol's words; nothing here knows which face asked.
 //!
 //! - [`outcome`]: the [`Answer`] or the [`Failed`] call a face renders.
+//! - [`output`]: a child's result made an answer, its output checked.
 //! - [`texts`]: every text a caller reads, and the one classification of a
 //!   failure for the texts, the metrics and the audit log.
 //! - `arguments.rs`: arguments checked without stalling the daemon.
 
 mod arguments;
 pub mod outcome;
+pub mod output;
 pub mod texts;
 
 use std::sync::Arc;
@@ -143,7 +145,7 @@ impl Pipeline {
             });
         }
         let answer = match admission.call(call).await {
-            Ok(result) => outcome::answer_of(result, &tool, &call.toolbox),
+            Ok(result) => output::answer_of(result, &tool, &call.toolbox),
             Err(error) => Err(failure(call, error)),
         };
         // A request too large for the child is the caller's error, not the

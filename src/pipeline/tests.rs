@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use super::outcome::answer_of;
+use super::output::answer_of;
 use super::*;
 use crate::mcp::ToolSpec;
 

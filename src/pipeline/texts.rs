@@ -12,7 +12,7 @@
 //! The toolbox and the child report typed outcomes; faces answer with what
 //! this file makes of them.
 
-use super::outcome::Failure;
+use super::outcome::{Failed, Failure};
 use crate::observe::Ending;
 use crate::toolbox::CallError;
 
@@ -45,6 +45,17 @@ pub fn validation_too_slow(budget: std::time::Duration) -> String {
         "validating the arguments took longer than {} s; send smaller arguments",
         budget.as_secs()
     )
+}
+
+impl From<Failure> for Failed {
+    fn from(failure: Failure) -> Failed {
+        let (ending, text) = classify(&failure);
+        Failed {
+            failure: Box::new(failure),
+            ending,
+            text,
+        }
+    }
 }
 
 /// How `failure` ended and what the caller reads: the one classification

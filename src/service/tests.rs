@@ -16,7 +16,7 @@ use crate::bus::server::Peer;
 use crate::manifest::Manifest;
 use crate::mcp::ToolSpec;
 use crate::observe::metrics::Metrics;
-use crate::process::child::stand_in::{self, stand_in, Reply, StandIn};
+use crate::process::child::stand_in::{self, stand_in, StandIn, StandInReply};
 use crate::session::Session;
 use crate::tool::ToolSet;
 use crate::toolbox::stand_in::StandInToolbox;
@@ -68,7 +68,7 @@ impl Face {
         &mut self,
         manifest: &str,
         tools: &[ToolOf<'_>],
-        answer: impl Fn(&str, &Value) -> Reply + Send + Sync + 'static,
+        answer: impl Fn(&str, &Value) -> StandInReply + Send + Sync + 'static,
     ) -> &StandIn {
         let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
         let text = format!("command = \"python3\"\n{manifest}\n");
@@ -175,8 +175,8 @@ fn any(name: &str) -> ToolOf<'_> {
 }
 
 /// A result with `structured` as its structured output.
-fn structured(structured: Value) -> Reply {
-    Reply {
+fn structured(structured: Value) -> StandInReply {
+    StandInReply {
         after: Duration::ZERO,
         with: Ok(
             json!({"content": [{"type": "text", "text": structured.to_string()}],
@@ -186,15 +186,15 @@ fn structured(structured: Value) -> Reply {
 }
 
 /// A result with `text`, after `after`.
-fn text_after(text: &str, after: Duration) -> Reply {
-    Reply {
+fn text_after(text: &str, after: Duration) -> StandInReply {
+    StandInReply {
         after,
         with: Ok(json!({"content": [{"type": "text", "text": text}]})),
     }
 }
 
 /// The sum of `a` and `b`, as `add` answers.
-fn sum(_: &str, args: &Value) -> Reply {
+fn sum(_: &str, args: &Value) -> StandInReply {
     let a = args["a"].as_i64().unwrap_or(0);
     let b = args["b"].as_i64().unwrap_or(0);
     structured(json!({"sum": a + b}))

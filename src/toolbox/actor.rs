@@ -20,7 +20,7 @@ use crate::manifest::Manifest;
 use crate::mcp;
 use crate::process::child::{ChildEvent, ExitInfo};
 use crate::tool::ToolSet;
-use crate::util::wait::or_never;
+use crate::util::or_never::or_never;
 
 mod liveness;
 mod mode;

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
 
+use crate::util::or_never::or_never;
 use crate::util::throttle::cut;
-use crate::util::wait::or_never;
 
 /// `notifications/message` logged per second per child; the rest are counted.
 pub(super) const MESSAGES_PER_SECOND: u32 = 100;

@@ -235,7 +235,7 @@ pub struct Child {
     cgroup: Option<crate::process::cgroup::Cgroup>,
     /// What it keeps of its sandbox: the summary, and the limit cgroups
     /// that go with it.
-    sandbox: Option<Box<crate::process::sandbox::Kept>>,
+    sandbox: Option<Box<crate::process::sandbox::KeptSandbox>>,
 }
 
 impl Child {
@@ -439,7 +439,7 @@ struct Started {
     /// Its cgroup, where one could be made and entered.
     cgroup: Option<crate::process::cgroup::Cgroup>,
     /// What it keeps of its sandbox.
-    kept: Option<Box<crate::process::sandbox::Kept>>,
+    kept: Option<Box<crate::process::sandbox::KeptSandbox>>,
     /// The keeper that kills it if the daemon dies.
     keeper: Option<&'static crate::process::keeper::Keeper>,
 }

@@ -16,7 +16,7 @@ use crate::mcp;
 
 /// How a stand-in answers one `tools/call`: after a while, with a result
 /// or a JSON-RPC error (code, message).
-pub(crate) struct Reply {
+pub(crate) struct StandInReply {
     /// How long it takes.
     pub(crate) after: Duration,
     /// What it answers.
@@ -24,7 +24,7 @@ pub(crate) struct Reply {
 }
 
 /// What a stand-in answers: the tool's name and arguments in, its reply out.
-pub(crate) type Answer = Arc<dyn Fn(&str, &Value) -> Reply + Send + Sync>;
+pub(crate) type AnswerFn = Arc<dyn Fn(&str, &Value) -> StandInReply + Send + Sync>;
 
 /// A stand-in child, alive while this is kept.
 pub(crate) struct StandIn {
@@ -80,7 +80,7 @@ pub(crate) fn notifications(seen: &[Value]) -> Vec<String> {
 pub(crate) fn stand_in(
     toolbox: &str,
     max_message_bytes: usize,
-    answer: Answer,
+    answer: AnswerFn,
 ) -> (RpcHandle, StandIn) {
     let (daemon_stdin, child_stdin) = tokio::io::duplex(64 * 1024);
     let (mut child_stdout, daemon_stdout) = tokio::io::duplex(64 * 1024);
@@ -126,11 +126,11 @@ pub(crate) fn stand_in(
                     let params = &message["params"];
                     answer(params["name"].as_str().unwrap_or(""), &params["arguments"])
                 }
-                Some("ping") => Reply {
+                Some("ping") => StandInReply {
                     after: Duration::ZERO,
                     with: Ok(Value::Object(Default::default())),
                 },
-                _ => Reply {
+                _ => StandInReply {
                     after: Duration::ZERO,
                     with: Err((mcp::METHOD_NOT_FOUND, "no such method".to_owned())),
                 },

@@ -541,9 +541,9 @@ impl Plan {
 
     /// What outlives the spawn: the limits (their cgroups go with the
     /// child) and the summary; the rest (Landlock's descriptors) is let go.
-    pub fn into_kept(self) -> Kept {
+    pub fn into_kept(self) -> KeptSandbox {
         let summary = self.summary();
-        Kept {
+        KeptSandbox {
             summary,
             _limits: self.limits,
             // A private view's /tmp goes with its mount namespace.
@@ -573,7 +573,7 @@ impl Plan {
 
 /// What a running child keeps of its sandbox.
 #[derive(Debug)]
-pub struct Kept {
+pub struct KeptSandbox {
     /// What confines it, in words.
     pub summary: Vec<String>,
     /// Its limit cgroups, removed when it is dropped with the child.
@@ -582,7 +582,7 @@ pub struct Kept {
     tmp_dir: Option<PathBuf>,
 }
 
-impl Drop for Kept {
+impl Drop for KeptSandbox {
     fn drop(&mut self) {
         let Some(dir) = self.tmp_dir.take() else {
             return;
@@ -598,10 +598,10 @@ impl Drop for Kept {
     }
 }
 
-impl Kept {
+impl KeptSandbox {
     /// Only the words (when the plan could not be taken back).
-    pub fn summary_only(summary: Vec<String>) -> Kept {
-        Kept {
+    pub fn summary_only(summary: Vec<String>) -> KeptSandbox {
+        KeptSandbox {
             summary,
             _limits: limits::Limited::default(),
             tmp_dir: None,
