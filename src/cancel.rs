@@ -1,5 +1,5 @@
 //! The global stop (`mycroft.stop`): the calls in flight, by session, and the
-//! token each call watches so that a stop can cancel it (DESIGN §6).
+//! token each call watches so that a stop can cancel it (docs/protocol.md).
 //!
 //! The service registers every call under its session; a stop fires the
 //! tokens of that session's calls (of every session when the stop names

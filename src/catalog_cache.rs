@@ -1,5 +1,5 @@
 //! The tool lists of lazy and idle toolboxes, cached on disk, so that such a
-//! toolbox is listed with no process running (DESIGN §3 `[start]`).
+//! toolbox is listed with no process running (docs/manifest.md, `[start]`).
 //!
 //! One file per toolbox, `<state root>/.catalog/<id>.json` (no toolbox id
 //! starts with a dot, so no toolbox's state directory can be this one). An

@@ -16,7 +16,7 @@ use super::outcome::{Failed, Failure};
 use crate::observe::Ending;
 use crate::toolbox::CallError;
 
-/// A call cancelled by the global stop (DESIGN §6), word for word.
+/// A call cancelled by the global stop (docs/protocol.md), word for word.
 pub const CANCELLED_BY_STOP: &str = "CancelledError: call cancelled by stop";
 
 /// A request without the `name` it needs.

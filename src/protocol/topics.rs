@@ -11,7 +11,7 @@ pub const LIST: &str = "ovos.tools.list";
 pub const GET: &str = "ovos.tools.get";
 pub const INVOKE: &str = "ovos.tools.invoke";
 pub const RELOAD: &str = "ovos.tools.reload";
-/// The global stop OVOS sends when the user says "stop" (DESIGN §6).
+/// The global stop OVOS sends when the user says "stop" (docs/protocol.md).
 pub const STOP: &str = "mycroft.stop";
 
 /// Which handler a topic goes to.
