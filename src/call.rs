@@ -19,6 +19,10 @@ pub struct Request {
     /// The caller's session (OVOS `context.session.session_id`), when it
     /// names one: the audit log's `session`.
     pub session: Option<String>,
+    /// Who says it sent the request (OVOS `context.source`: the MCP face
+    /// and the ToolBox plugin name themselves there): the audit log's
+    /// `source`. Any bus client may write anything there.
+    pub source: Option<String>,
     /// The toolbox the caller named, or `None` when the tool's name alone
     /// picks it (`ovos.tools.invoke`).
     pub toolbox: Option<String>,

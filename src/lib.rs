@@ -11,6 +11,9 @@
 //! - [`service`]: the bus face: where each OVOS-TOOLS-1 request is
 //!   answered; calls decoded, sent through the pipeline, their outcomes
 //!   worded; a call's progress relayed to its caller within a rate.
+//! - [`mcp_face`]: `toolboxd mcp`, the MCP server face: the bus's tool
+//!   catalog served to MCP clients (stdio, streamable HTTP), each call
+//!   relayed to the bus.
 //! - [`pipeline`]: the call pipeline every face uses: a request admitted as
 //!   a [`call::Call`], run to one typed outcome, every ending reported;
 //!   every text a caller reads (`pipeline/texts.rs`).
@@ -66,6 +69,7 @@ pub mod daemon;
 pub(crate) mod launch;
 pub mod manifest;
 pub mod mcp;
+pub mod mcp_face;
 pub(crate) mod notify;
 pub(crate) mod observe;
 pub mod operator;

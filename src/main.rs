@@ -84,6 +84,25 @@ enum Command {
     New(NewArgs),
     /// Run only the embedded messagebus.
     Bus(BusArgs),
+    /// Serve the bus's tools to MCP clients, over stdio (or streamable HTTP).
+    Mcp(McpArgs),
+}
+
+#[derive(Args)]
+struct McpArgs {
+    /// The bus (default: from mycroft.conf, else ws://127.0.0.1:8181/core).
+    #[arg(long)]
+    bus: Option<String>,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (e.g.
+    /// 127.0.0.1:8765; off loopback TOOLBOXD_MCP_TOKEN is required).
+    #[arg(long, value_name = "ADDR")]
+    http: Option<SocketAddr>,
+    /// The bearer token HTTP clients must send.
+    #[arg(long, env = "TOOLBOXD_MCP_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Seconds a call waits for its answer from the bus.
+    #[arg(long, default_value_t = 300)]
+    call_timeout: u64,
 }
 
 #[derive(Args)]
@@ -251,6 +270,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         Command::Call(args) => call(args).await,
         Command::New(args) => new(args),
         Command::Bus(args) => bus(args).await,
+        Command::Mcp(args) => mcp(args).await,
     }
 }
 
@@ -402,6 +422,28 @@ async fn bus(args: BusArgs) -> anyhow::Result<ExitCode> {
     wait_for_stop_signal().await?;
     trigger.trigger();
     let _ = server.await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `toolboxd mcp`: the MCP face, until stdin ends (stdio) or SIGTERM or
+/// SIGINT (HTTP).
+async fn mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
+    let (trigger, shutdown) = toolboxd::shutdown::ShutdownTrigger::new();
+    let options = toolboxd::mcp_face::McpOptions {
+        bus: bus_url(args.bus),
+        http: args.http,
+        token: args.token,
+        call_wait: Duration::from_secs(args.call_timeout),
+    };
+    let served = toolboxd::mcp_face::serve(options, shutdown);
+    tokio::pin!(served);
+    tokio::select! {
+        served = &mut served => served?,
+        stopped = wait_for_stop_signal() => {
+            stopped?;
+            trigger.trigger();
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -16,7 +16,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "commands",
         &["daemon", "cli::check", "cli::bus_request", "cli::scaffold"],
     ),
-    ("faces", &["service", "control"]),
+    ("faces", &["service", "control", "mcp_face"]),
     ("operator channel", &["operator"]),
     ("the call pipeline", &["pipeline"]),
     ("reporting and supervision", &["observe", "supervisor"]),

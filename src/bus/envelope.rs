@@ -414,6 +414,15 @@ macro_rules! object {
     }};
 }
 
+/// The topic of a frame that starts `{"type": "<topic>"` with no escapes in it,
+/// as every OVOS client writes them; `None` means "parse to find out".
+pub fn leading_type(frame: &str) -> Option<&str> {
+    let rest = frame.strip_prefix("{\"type\":")?;
+    let rest = rest.strip_prefix(' ').unwrap_or(rest).strip_prefix('"')?;
+    let end = rest.find(['"', '\\'])?;
+    (rest.as_bytes()[end] == b'"').then(|| &rest[..end])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -635,5 +644,13 @@ mod tests {
         let r = msg(json!({"source": "A"})).reply("other", Object::new());
         assert_eq!(r.msg_type, "other");
         assert_eq!(r.context["destination"], "A");
+    }
+
+    #[test]
+    fn leading_type_reads_only_plain_prefixes() {
+        assert_eq!(leading_type(r#"{"type":"a.b","data":{}}"#), Some("a.b"));
+        assert_eq!(leading_type(r#"{"type": "a.b", "data": {}}"#), Some("a.b"));
+        assert_eq!(leading_type(r#"{"type":"a\"b"}"#), None);
+        assert_eq!(leading_type(r#"{"data":{},"type":"a"}"#), None);
     }
 }

@@ -98,6 +98,8 @@ struct Line<'a> {
     toolbox: &'a str,
     tool: &'a str,
     session: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    source: Option<&'a str>,
     topic: &'a str,
     duration_ms: f64,
     outcome: &'static str,
@@ -461,6 +463,7 @@ fn encode(call: &Finished<'_>) -> String {
         toolbox: call.toolbox,
         tool: call.tool,
         session: call.session.map(|s| cut(s, MAX_SESSION_BYTES)),
+        source: call.source.map(|s| cut(s, MAX_SESSION_BYTES)),
         topic: cut(call.topic, MAX_TEXT_BYTES),
         duration_ms: (call.took.as_secs_f64() * 1e6).round() / 1e3,
         outcome: call.outcome.name(),

@@ -67,6 +67,9 @@ pub struct Finished<'a> {
     pub topic: &'a str,
     /// The caller's session, for the audit log.
     pub session: Option<&'a str>,
+    /// Who the request says sent it (the face, for toolboxd's own), for
+    /// the audit log.
+    pub source: Option<&'a str>,
     /// The error text the caller read.
     pub error: Option<&'a str>,
     /// The arguments, when the audit log records them for this toolbox.

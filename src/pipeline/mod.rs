@@ -231,6 +231,7 @@ impl Pipeline {
             took: request.arrived.elapsed(),
             topic: &request.topic,
             session: request.session.as_deref(),
+            source: request.source.as_deref(),
             error,
             arguments,
             result: arguments.and(result),

@@ -276,6 +276,7 @@ fn refused_call(message: &Message, topic: Topic, bytes: usize) -> Option<Request
     Some(Request {
         topic: message.msg_type.clone(),
         session: super::call::session_of(message).map(str::to_owned),
+        source: super::call::source_of(message),
         toolbox,
         tool: message
             .data

@@ -77,6 +77,7 @@ impl Calls {
         let request = Request {
             topic: message.msg_type.clone(),
             session: session.map(str::to_owned),
+            source: source_of(message),
             toolbox,
             tool: name.to_owned(),
             arguments,
@@ -153,6 +154,11 @@ fn bus_result(answer: Answer) -> Value {
 /// names one.
 pub(super) fn session_of(request: &Message) -> Option<&str> {
     request.context.get("session")?.get("session_id")?.as_str()
+}
+
+/// Who the request says sent it (`context.source`, when a string).
+pub(super) fn source_of(request: &Message) -> Option<String> {
+    request.context.get("source")?.as_str().map(str::to_owned)
 }
 
 /// The tool a call names (empty when it names none).

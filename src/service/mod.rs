@@ -17,7 +17,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::bus::envelope::{Message, Unbuilt};
+use crate::bus::envelope::{leading_type, Message, Unbuilt};
 use crate::observe::Observer;
 use crate::operator::Operators;
 use crate::peers::Peers;
@@ -120,7 +120,7 @@ impl Service {
         // Every OVOS client writes the topic first: read it there, so that the
         // many frames that are not for us (answers, ours echoed back included,
         // some large) are dropped without being parsed.
-        let topic = match leading_topic(frame) {
+        let topic = match leading_type(frame) {
             Some(topic) => std::borrow::Cow::Borrowed(topic),
             None => match serde_json::from_str::<Head>(frame) {
                 Ok(Head {
@@ -256,13 +256,4 @@ impl Service {
             Topic::Reload => self.listing.reload(&request).await,
         }
     }
-}
-
-/// The topic of a frame that starts `{"type": "<topic>"` with no escapes in it,
-/// as every OVOS client writes them; `None` means "parse to find out".
-fn leading_topic(frame: &str) -> Option<&str> {
-    let rest = frame.strip_prefix("{\"type\":")?;
-    let rest = rest.strip_prefix(' ').unwrap_or(rest).strip_prefix('"')?;
-    let end = rest.find(['"', '\\'])?;
-    (rest.as_bytes()[end] == b'"').then(|| &rest[..end])
 }

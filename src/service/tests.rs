@@ -200,14 +200,6 @@ fn sum(_: &str, args: &Value) -> StandInReply {
     structured(json!({"sum": a + b}))
 }
 
-#[test]
-fn leading_topic_reads_only_plain_prefixes() {
-    assert_eq!(leading_topic(r#"{"type":"a.b","data":{}}"#), Some("a.b"));
-    assert_eq!(leading_topic(r#"{"type": "a.b", "data": {}}"#), Some("a.b"));
-    assert_eq!(leading_topic(r#"{"type":"a\"b"}"#), None);
-    assert_eq!(leading_topic(r#"{"data":{},"type":"a"}"#), None);
-}
-
 #[tokio::test]
 async fn a_call_reaches_its_child_and_is_answered_with_its_checked_output() {
     let mut face = Face::new();

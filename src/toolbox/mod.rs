@@ -658,6 +658,7 @@ impl ToolboxHandle {
             request: crate::call::Request {
                 topic: "test".to_owned(),
                 session: None,
+                source: None,
                 toolbox: Some(self.id().to_owned()),
                 tool: tool.to_owned(),
                 arguments,

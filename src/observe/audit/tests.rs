@@ -47,6 +47,7 @@ fn finished<'a>(
             .get("session")
             .and_then(|s| s.get("session_id"))
             .and_then(Value::as_str),
+        source: None,
         error: answer.as_ref().err().map(String::as_str),
         arguments,
         result: answer.as_ref().ok(),

@@ -1,0 +1,398 @@
+//! `toolboxd mcp`, the MCP server face (docs/agents.md, recipes 2 and 3):
+//! the official MCP Python SDK's client (tests/requirements.txt) over stdio
+//! and streamable HTTP, in the current revision and the previous one; and
+//! what a hostile or unlucky client sends, over stdio, answered with
+//! JSON-RPC errors while the face serves on.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{math_manifest, repo, text_manifest, Daemon, Reaped, TempDir, BIN};
+
+use serde_json::{json, Value};
+
+fn venv_python() -> std::path::PathBuf {
+    let python = common::root().join(".venv/bin/python");
+    assert!(python.exists(), "run scripts/test: it makes .venv");
+    python
+}
+
+/// A daemon serving math (add, sqrt) and the task fixture (flood: progress;
+/// forever: until cancelled), and the command that adds a toolbox to it.
+struct Served {
+    daemon: Daemon,
+    dir: TempDir,
+}
+
+impl Served {
+    fn start() -> Served {
+        let dir = TempDir::new("mcp-face");
+        dir.write("math.toml", &math_manifest("math"));
+        dir.write(
+            "tasks.toml",
+            &format!(
+                "id = \"tasks\"\ncommand = \"python3\"\nargs = [\"{}\"]\n",
+                repo("tests/fixtures/task_toolbox.py")
+            ),
+        );
+        let daemon = Daemon::start(dir.path());
+        Served { daemon, dir }
+    }
+
+    /// A shell command that adds toolbox `id` (the text example) and reloads.
+    fn reload_cmd(&self, id: &str) -> String {
+        let manifest = self
+            .dir
+            .write(&format!("{id}.toml.new"), &text_manifest(id));
+        format!(
+            "mv {} {}/{id}.toml && {BIN} ctl --control {} reload",
+            manifest.display(),
+            self.dir.path().display(),
+            self.daemon.control.display()
+        )
+    }
+}
+
+/// The SDK client's run against `target` in `mode` (tests/python/mcp_face_client.py).
+fn sdk_client(target: &str, mode: &str, reload_cmd: &str) -> Value {
+    let out = common::output_within(
+        Command::new(venv_python())
+            .arg(repo("tests/python/mcp_face_client.py"))
+            .args([target, mode])
+            .env("TOOLBOXD", BIN)
+            .env("RELOAD_CMD", reload_cmd),
+        Duration::from_secs(120),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the SDK client failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap()
+}
+
+/// What every run of the SDK client must have seen.
+fn assert_served(seen: &Value, added: &str) {
+    assert_eq!(seen["server"], "toolboxd", "{seen}");
+    let tools = seen["tools"].as_array().unwrap();
+    for tool in ["add", "sqrt", "flood", "forever"] {
+        assert!(tools.contains(&json!(tool)), "{tool} in {seen}");
+    }
+    assert_eq!(seen["add_schema"]["required"], json!(["a", "b"]), "{seen}");
+    assert_eq!(
+        seen["add"],
+        json!({"structured": {"result": 5}, "is_error": false}),
+        "{seen}"
+    );
+    let progress = seen["flood"]["progress"].as_array().unwrap();
+    assert!(!progress.is_empty(), "progress reached the client: {seen}");
+    assert_eq!(seen["flood"]["is_error"], false, "{seen}");
+    assert_eq!(seen["tool_error"]["is_error"], true, "{seen}");
+    assert!(
+        seen["tool_error"]["text"][0]
+            .as_str()
+            .unwrap()
+            .contains("Error"),
+        "{seen}"
+    );
+    assert!(
+        seen["unknown"]
+            .as_str()
+            .unwrap()
+            .contains("Unknown tool: 'no_such_tool'"),
+        "{seen}"
+    );
+    assert_eq!(seen["cancelled"], true, "{seen}");
+    assert_eq!(seen["after_cancel"], json!({"result": 2}), "{seen}");
+    if !seen["list_changed"].is_null() {
+        assert_eq!(seen["list_changed"], true, "{seen}");
+    }
+    assert!(
+        seen["tools_after"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("shout"))
+            || added.is_empty(),
+        "the added toolbox's tool is listed: {seen}"
+    );
+}
+
+/// The audit log is not on; the daemon's log says each call's source.
+#[test]
+fn the_python_sdk_client_is_served_over_stdio_in_both_revisions() {
+    let served = Served::start();
+    let target = format!("stdio:{}", served.daemon.url);
+    let seen = sdk_client(&target, "auto", &served.reload_cmd("added_one"));
+    assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+    assert_eq!(seen["list_changed"], true, "{seen}");
+    assert_served(&seen, "added_one");
+    let seen = sdk_client(&target, "legacy", &served.reload_cmd("added_two"));
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+    assert_eq!(seen["list_changed"], true, "{seen}");
+    assert_served(&seen, "added_two");
+}
+
+/// `toolboxd mcp --http 127.0.0.1:0`: the address it serves at.
+fn http_face(bus: &str, extra: &[&str], env: &[(&str, &str)]) -> (Reaped, String) {
+    let mut command = Command::new(BIN);
+    command
+        .args([
+            "--log-format",
+            "json",
+            "mcp",
+            "--bus",
+            bus,
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .args(extra)
+        .env_remove("TOOLBOXD_MCP_TOKEN")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let mut child = command.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let reaped = Reaped(child);
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("toolboxd mcp --http says where it serves");
+        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        if let Some(addr) = v["addr"].as_str() {
+            std::thread::spawn(move || while rx.recv().is_ok() {});
+            return (reaped, format!("http://{addr}/mcp"));
+        }
+    }
+}
+
+#[test]
+fn the_python_sdk_client_is_served_over_streamable_http_in_both_revisions() {
+    let served = Served::start();
+    let (_face, url) = http_face(&served.daemon.url, &[], &[]);
+    let seen = sdk_client(&url, "auto", &served.reload_cmd("added_three"));
+    assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+    assert_eq!(seen["list_changed"], true, "{seen}");
+    assert_served(&seen, "added_three");
+    let seen = sdk_client(&url, "legacy", "true");
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+    assert_served(&seen, "");
+}
+
+/// One raw HTTP/1.1 request to `url`'s host: (status, body).
+fn http(url: &str, method: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let mut stream = std::net::TcpStream::connect(host).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut request = format!(
+        "{method} /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (key, value) in headers {
+        request.push_str(&format!("{key}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    let _ = std::io::Read::read_to_string(&mut stream, &mut answer);
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (status, body.to_owned())
+}
+
+#[test]
+fn the_http_face_refuses_foreign_origins_and_wants_its_token() {
+    let served = Served::start();
+    let list = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    let (_face, url) = http_face(&served.daemon.url, &[], &[]);
+    let (status, body) = http(&url, "POST", &[], list);
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"add\""), "{body}");
+    let (status, body) = http(&url, "POST", &[("Origin", "http://evil.example")], list);
+    assert_eq!(status, 403, "{body}");
+    let (status, _) = http(&url, "POST", &[("Origin", "http://localhost:6274")], list);
+    assert_eq!(status, 200);
+    let (status, _) = http(&url, "GET", &[], "");
+    assert_eq!(status, 405);
+
+    let (_face, url) = http_face(&served.daemon.url, &[], &[("TOOLBOXD_MCP_TOKEN", "s3cret")]);
+    let (status, _) = http(&url, "POST", &[], list);
+    assert_eq!(status, 401);
+    let (status, _) = http(&url, "POST", &[("Authorization", "Bearer wrong")], list);
+    assert_eq!(status, 401);
+    let (status, body) = http(&url, "POST", &[("Authorization", "Bearer s3cret")], list);
+    assert_eq!(status, 200, "{body}");
+
+    // Off loopback, no token: it does not start, and says why.
+    let out = common::output_within(
+        Command::new(BIN)
+            .args(["mcp", "--bus", &served.daemon.url, "--http", "0.0.0.0:0"])
+            .env_remove("TOOLBOXD_MCP_TOKEN"),
+        Duration::from_secs(20),
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TOOLBOXD_MCP_TOKEN"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `toolboxd mcp` over stdio, driven line by line.
+struct StdioFace {
+    _process: Reaped,
+    stdin: std::process::ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl StdioFace {
+    fn start(bus: &str) -> StdioFace {
+        let mut child = Command::new(BIN)
+            .args(["mcp", "--bus", bus])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        StdioFace {
+            _process: Reaped(child),
+            stdin,
+            lines,
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        self.stdin.write_all(line.as_bytes()).unwrap();
+        self.stdin.write_all(b"\n").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// The next message that is not a notification.
+    fn answer(&mut self) -> Value {
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(Duration::from_secs(20))
+                .expect("an answer within 20 s");
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if message.get("method").is_none() {
+                return message;
+            }
+        }
+    }
+
+    fn ask(&mut self, line: &str) -> Value {
+        self.send(line);
+        self.answer()
+    }
+}
+
+#[test]
+fn garbage_oversize_unknown_and_a_bus_that_is_down_get_clear_errors_and_the_face_serves_on() {
+    let served = Served::start();
+    let mut face = StdioFace::start(&served.daemon.url);
+    let error = face.ask("this is not json");
+    assert_eq!(error["error"]["code"], -32700, "{error}");
+    assert_eq!(error["id"], Value::Null);
+    let error = face.ask("[1, 2]");
+    assert_eq!(error["error"]["code"], -32600, "{error}");
+    let error = face.ask(&format!(
+        r#"{{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{{"name":"add","arguments":{{"pad":"{}"}}}}}}"#,
+        "x".repeat(5 << 20)
+    ));
+    assert_eq!(error["error"]["code"], -32600, "{error}");
+    assert!(error["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("longer than"));
+    let error = face.ask(r#"{"jsonrpc":"2.0","id":2,"method":"resources/list"}"#);
+    assert_eq!(
+        (error["id"].clone(), error["error"]["code"].clone()),
+        (json!(2), json!(-32601))
+    );
+    let error = face.ask(
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"nope","arguments":{}}}"#,
+    );
+    assert_eq!(error["error"]["code"], -32602, "{error}");
+    let error = face.ask(
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"1999-01-01"}}}"#,
+    );
+    assert_eq!(error["error"]["code"], -32022, "{error}");
+    assert!(error["error"]["data"]["supported"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("2026-07-28")));
+    // Arguments the tool's schema refuses: the daemon's words, as a tool error.
+    let refused = face.ask(
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"add","arguments":{"a":"two","b":1}}}"#,
+    );
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert!(refused["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("ValueError: Tool input validation failed for 'add' in ToolBox 'math'"));
+    // And it serves on.
+    let ok = face.ask(
+        r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"add","arguments":{"a":20,"b":22}}}"#,
+    );
+    assert_eq!(
+        ok["result"]["structuredContent"],
+        json!({"result": 42}),
+        "{ok}"
+    );
+
+    // The bus goes away (with the daemon that embeds it): a call is a clear
+    // tool error, at once, and the listing the last one known.
+    let mut served = served;
+    served.daemon.stop();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let call = loop {
+        let call = face.ask(
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"add","arguments":{"a":1,"b":1}}}"#,
+        );
+        if call["result"]["isError"] == true || std::time::Instant::now() > deadline {
+            break call;
+        }
+    };
+    let text = call["result"]["content"][0]["text"].as_str().unwrap_or("");
+    assert!(
+        text.contains("not connected to the bus") && text.contains("The call was not sent"),
+        "{call}"
+    );
+    let listed = face.ask(r#"{"jsonrpc":"2.0","id":8,"method":"tools/list"}"#);
+    assert!(
+        listed["result"]["tools"].as_array().unwrap().len() >= 4,
+        "{listed}"
+    );
+}
