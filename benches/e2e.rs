@@ -40,6 +40,8 @@ use toolboxd::bus::{client, tcp};
 
 #[path = "e2e/load.rs"]
 mod load;
+#[path = "e2e/mcp.rs"]
+mod mcp;
 #[path = "e2e/procfs.rs"]
 mod procfs;
 #[path = "e2e/procs.rs"]
@@ -56,6 +58,7 @@ mod scenarios;
 mod tables;
 
 use load::*;
+use mcp::*;
 use procs::*;
 use relay::*;
 use report::*;

@@ -177,6 +177,8 @@ async fn a_silent_connection_is_pinged_then_closed_and_one_that_answers_stays() 
     );
     // It was pinged (0x89, no payload) before it was closed.
     assert!(seen.windows(2).any(|w| w == [0x89, 0x00]), "no ping seen");
+    // The daemon's log is read by another thread: wait for the line.
+    daemon.wait_for_log("did not answer a ping", 1, Duration::from_secs(5));
     assert_eq!(
         daemon.log_lines_with("did not answer a ping").len(),
         1,

@@ -39,8 +39,26 @@ impl Served {
                 repo("tests/fixtures/task_toolbox.py")
             ),
         );
-        let daemon = Daemon::start(dir.path());
+        let audit = dir.path().join("audit.log");
+        let daemon = Daemon::start_with(&[
+            "--manifests",
+            dir.path().to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+            "--audit-log",
+            audit.to_str().unwrap(),
+        ]);
         Served { daemon, dir }
+    }
+
+    /// The audit log's lines of calls of `tool`.
+    fn audited(&self, tool: &str) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("audit.log"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["tool"] == tool)
+            .collect()
     }
 
     /// A shell command that adds toolbox `id` (the text example) and reloads.
@@ -112,17 +130,17 @@ fn assert_served(seen: &Value, added: &str) {
     if !seen["list_changed"].is_null() {
         assert_eq!(seen["list_changed"], true, "{seen}");
     }
+    // The added toolbox's tool is listed; once two added toolboxes own
+    // `shout`, each under its toolbox's name.
+    let after = seen["tools_after"].as_array().unwrap();
     assert!(
-        seen["tools_after"]
-            .as_array()
-            .unwrap()
-            .contains(&json!("shout"))
-            || added.is_empty(),
+        added.is_empty()
+            || after.contains(&json!("shout"))
+            || after.contains(&json!(format!("{added}__shout"))),
         "the added toolbox's tool is listed: {seen}"
     );
 }
 
-/// The audit log is not on; the daemon's log says each call's source.
 #[test]
 fn the_python_sdk_client_is_served_over_stdio_in_both_revisions() {
     let served = Served::start();
@@ -135,6 +153,127 @@ fn the_python_sdk_client_is_served_over_stdio_in_both_revisions() {
     assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
     assert_eq!(seen["list_changed"], true, "{seen}");
     assert_served(&seen, "added_two");
+    // Every call went through the daemon's pipeline, the face recorded.
+    let mut adds = Vec::new();
+    common::wait_until("the calls are audited", Duration::from_secs(10), || {
+        adds = served.audited("add");
+        adds.len() >= 4
+    });
+    for line in &adds {
+        assert_eq!(line["source"], "toolboxd-mcp", "{line}");
+        assert_eq!(line["toolbox"], "math", "{line}");
+    }
+    let cancelled = served.audited("forever");
+    assert!(
+        cancelled.iter().any(|l| l["outcome"] == "cancelled"),
+        "the cancelled call reached the child and was cancelled there: {cancelled:?}"
+    );
+}
+
+/// The TypeScript SDK client's run (tests/node/mcp_face_client.mjs).
+fn node_client(target: &str, mode: &str, reload_cmd: &str) -> Value {
+    let out = common::output_within(
+        Command::new("node")
+            .arg(repo("tests/node/mcp_face_client.mjs"))
+            .args([target, mode])
+            .current_dir(repo("tests/node"))
+            .env("TOOLBOXD", BIN)
+            .env("RELOAD_CMD", reload_cmd),
+        Duration::from_secs(120),
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the TypeScript client failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap()
+}
+
+/// What the TypeScript client must have seen.
+fn assert_served_to_node(seen: &Value) {
+    assert_eq!(seen["server"], "toolboxd", "{seen}");
+    assert!(
+        seen["tools"].as_array().unwrap().contains(&json!("add")),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["add"],
+        json!({"structured": {"result": 5}, "is_error": false}),
+        "{seen}"
+    );
+    assert!(
+        !seen["flood"]["progress"].as_array().unwrap().is_empty(),
+        "{seen}"
+    );
+    assert_eq!(seen["tool_error"]["is_error"], true, "{seen}");
+    assert_eq!(seen["cancelled"], true, "{seen}");
+    assert_eq!(seen["after_cancel"], json!({"result": 2}), "{seen}");
+}
+
+#[test]
+fn the_typescript_sdk_client_is_served_over_stdio_and_streamable_http() {
+    let served = Served::start();
+    let stdio = format!("stdio:{}", served.daemon.url);
+    let seen = node_client(&stdio, "auto", &served.reload_cmd("node_one"));
+    assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+    assert_eq!(seen["list_changed"], true, "{seen}");
+    assert_served_to_node(&seen);
+    let seen = node_client(&stdio, "legacy", "true");
+    assert_eq!(seen["protocol"], "2025-11-25", "{seen}");
+    assert_served_to_node(&seen);
+    let (_face, url) = http_face(&served.daemon.url, &[], &[]);
+    let seen = node_client(&url, "auto", &served.reload_cmd("node_two"));
+    assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+    assert_served_to_node(&seen);
+}
+
+#[test]
+fn the_mcp_inspector_cli_lists_and_calls_a_tool() {
+    let served = Served::start();
+    let home = TempDir::new("inspector-home");
+    let inspector = |args: &[&str]| {
+        let out = common::output_within(
+            Command::new(repo("tests/node/node_modules/.bin/mcp-inspector"))
+                .args(["--cli", BIN, "mcp", "--bus", &served.daemon.url])
+                .args(args)
+                .env("HOME", home.path()),
+            Duration::from_secs(60),
+        );
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "the inspector failed: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str::<Value>(&stdout).unwrap()
+    };
+    let listed = inspector(&["--method", "tools/list"]);
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"add") && names.contains(&"sqrt"),
+        "{listed}"
+    );
+    let called = inspector(&[
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "add",
+        "--tool-arg",
+        "a=2",
+        "b=3",
+    ]);
+    assert_eq!(
+        called["structuredContent"],
+        json!({"result": 5}),
+        "{called}"
+    );
+    assert_eq!(called["isError"], false, "{called}");
 }
 
 /// `toolboxd mcp --http 127.0.0.1:0`: the address it serves at.

@@ -218,7 +218,22 @@ pub(crate) async fn load(
 ) -> LoadResult {
     let start = Instant::now() + WARMUP;
     let end = start + RUN;
-    let sampler = tokio::spawn(async move {
+    let sampler = cpu_in_window(start, end, service, bus);
+    let tasks: Vec<_> = (0..conns as u64)
+        .map(|c| tokio::spawn(connection(url.to_owned(), call, c, start, end)))
+        .collect();
+    gather(tasks, sampler).await
+}
+
+/// The CPU of `service`'s tree and of `bus` used between `start` and `end`,
+/// sampled at both ends.
+pub(crate) fn cpu_in_window(
+    start: Instant,
+    end: Instant,
+    service: u32,
+    bus: Option<u32>,
+) -> tokio::task::JoinHandle<anyhow::Result<(procfs::Cpu, Option<Duration>)>> {
+    tokio::spawn(async move {
         tokio::time::sleep_until(start.into()).await;
         let before = tokio::task::spawn_blocking(move || sample_cpu(service, bus)).await;
         tokio::time::sleep_until(end.into()).await;
@@ -236,10 +251,14 @@ pub(crate) async fn load(
             .zip(before.1)
             .map(|(a, b)| a.tree.saturating_sub(b.tree));
         anyhow::Ok((service, bus))
-    });
-    let tasks: Vec<_> = (0..conns as u64)
-        .map(|c| tokio::spawn(connection(url.to_owned(), call, c, start, end)))
-        .collect();
+    })
+}
+
+/// The connections' results, together, with the CPU of the window.
+pub(crate) async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<Connection>>,
+    sampler: tokio::task::JoinHandle<anyhow::Result<(procfs::Cpu, Option<Duration>)>>,
+) -> LoadResult {
     let mut result = LoadResult {
         answered: 0,
         latencies: Vec::new(),

@@ -315,8 +315,22 @@ impl Bench {
         conns: usize,
         pid: u32,
     ) -> LoadRecord {
-        let what = format!("{scenario}: {service}, {} bus, C={conns}", bus.name);
         let r = load(&bus.url, call, conns, pid, Some(bus.proc.pid())).await;
+        self.record(scenario, service, bus, conns, pid, r)
+    }
+
+    /// Records the load `r` of `service` (pid `pid`) with `conns` in flight
+    /// on `bus`, and says its figures.
+    pub(crate) fn record(
+        &mut self,
+        scenario: &str,
+        service: &str,
+        bus: &Bus,
+        conns: usize,
+        pid: u32,
+        r: LoadResult,
+    ) -> LoadRecord {
+        let what = format!("{scenario}: {service}, {} bus, C={conns}", bus.name);
         let (errors, timeouts) = (r.faults.errors, r.faults.timeouts);
         self.faults(&what, r.faults);
         let answered = r.answered.max(1) as f64;

@@ -1,4 +1,4 @@
-//! The scenarios, in the order they run (12 after 2); `--only` picks some by
+//! The scenarios, in the order they run (12 and 13 after 2); `--only` picks some by
 //! number (4 needs 1 and 3: it compares their bare echo loads).
 
 use super::*;
@@ -200,6 +200,42 @@ pub(crate) async fn bench(b: &mut Bench) {
                 None,
             );
         }
+    }
+    if b.runs("13") {
+        // 13: a call through the MCP face (`toolboxd mcp` over stdio, a client
+        // of the bus) against the same call made on the bus, C=1, on
+        // toolboxd's own embedded bus: what the face and its bus hop add.
+        let dir = tempdir("mcp-face");
+        compiled.manifest(&dir, "box", "");
+        let own = daemon_embedding(&dir);
+        let pid = own.proc.pid();
+        let on_bus = b
+            .load(
+                "13",
+                "bus client → toolboxd → compiled child",
+                &own,
+                Call::Add,
+                1,
+                pid,
+            )
+            .await;
+        let r = mcp_load(&own.url, 1, pid, None).await;
+        let what = "MCP client → toolboxd mcp → bus → toolboxd → compiled child";
+        let through_mcp = b.record("13", what, &own, 1, pid, r);
+        b.rate_row(
+            "13-c1-rate",
+            "C=1: calls/s, through the MCP face ÷ the same call on the bus (toolboxd's own bus)",
+            &through_mcp,
+            &on_bus,
+            None,
+        );
+        b.p50_row(
+            "13-c1-p50",
+            "C=1: p50, through the MCP face ÷ the same call on the bus",
+            &through_mcp,
+            &on_bus,
+            None,
+        );
     }
     if b.runs("3") || b.runs("4") {
         let pybus = python_bus(&home);
