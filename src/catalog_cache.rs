@@ -44,6 +44,13 @@ fn path_of(id: &str) -> Option<PathBuf> {
     Some(root.join(".catalog").join(format!("{id}.json")))
 }
 
+/// Where the era of `id` is kept (toolbox ids hold no `.`, so no tool list
+/// is at this name).
+fn era_path_of(id: &str) -> Option<PathBuf> {
+    let root = crate::process::sandbox::state_root().ok()?;
+    Some(root.join(".catalog").join(format!("{id}.era.json")))
+}
+
 /// Whether `dir` is a directory of the daemon's user that no one else may
 /// write (so what is in it was put there by the daemon).
 fn is_own_dir(dir: &Path) -> bool {
@@ -88,30 +95,63 @@ fn stamp(path: &Path) -> Value {
 /// The cached tool list of `manifest`'s toolbox, if one holds. Only a
 /// regular file of bounded size is read (never a FIFO left at the path).
 pub fn load(manifest: &Manifest) -> Option<Cached> {
-    let path = path_of(&manifest.id)?;
+    let entry = load_entry(manifest, &path_of(&manifest.id)?)?;
+    let version = entry.get("version")?.as_str()?.to_owned();
+    let (tools, _) = mcp::parse_tools_page(&json!({ "tools": entry.get("tools")? }));
+    let tools: Vec<ToolSpec> = tools.into_iter().collect::<Result<_, _>>().ok()?;
+    Some(Cached { version, tools })
+}
+
+/// The MCP version `manifest`'s child spoke when its era was last found,
+/// if what defines the toolbox is unchanged since: its next start needs no
+/// probe (an SDK 1.x server logs the probe as a validation error at every
+/// start otherwise).
+pub fn load_era(manifest: &Manifest) -> Option<String> {
+    let entry = load_entry(manifest, &era_path_of(&manifest.id)?)?;
+    Some(entry.get("version")?.as_str()?.to_owned())
+}
+
+/// Keeps the era `version` found for `manifest`'s child (a small file,
+/// written here and now).
+pub fn store_era(manifest: &Manifest, version: &str) {
+    if let Some(path) = era_path_of(&manifest.id) {
+        write_entry(
+            manifest,
+            &path,
+            json!({"key": key(manifest), "version": version}),
+            "era",
+        );
+    }
+}
+
+/// Forgets the era kept for `manifest`'s child (it did not hold: the next
+/// start probes).
+pub fn forget_era(manifest: &Manifest) {
+    if let Some(path) = era_path_of(&manifest.id) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// The entry at `path` when it is the daemon's own and its key is
+/// `manifest`'s.
+fn load_entry(manifest: &Manifest, path: &Path) -> Option<Value> {
     if !is_own_dir(path.parent()?) {
         return None;
     }
-    let text = match crate::util::files::read_own_private(&path, MAX_FILE_BYTES) {
+    let text = match crate::util::files::read_own_private(path, MAX_FILE_BYTES) {
         Ok(text) => text,
         Err(crate::util::files::ReadError::NotFound) => return None,
         Err(e) => {
             tracing::warn!(
                 toolbox = %manifest.id,
-                "not using the cached tool list {}: {e}; the toolbox is probed instead",
+                "not using the cached {}: {e}; the toolbox is probed instead",
                 path.display()
             );
             return None;
         }
     };
     let entry: Value = serde_json::from_str(&text).ok()?;
-    if entry.get("key")? != &key(manifest) {
-        return None;
-    }
-    let version = entry.get("version")?.as_str()?.to_owned();
-    let (tools, _) = mcp::parse_tools_page(&json!({ "tools": entry.get("tools")? }));
-    let tools: Vec<ToolSpec> = tools.into_iter().collect::<Result<_, _>>().ok()?;
-    Some(Cached { version, tools })
+    (entry.get("key")? == &key(manifest)).then_some(entry)
 }
 
 /// Caches `manifest`'s tool list, listed by a child that spoke `version`, on
@@ -137,6 +177,12 @@ pub fn write(manifest: &Manifest, version: &str, tools: &[ToolSpec]) {
         "version": version,
         "tools": tools.iter().map(mcp::tool_definition).collect::<Vec<_>>(),
     });
+    write_entry(manifest, &path, entry, "tool list");
+}
+
+/// Writes `entry` (`what` it is, for the log) at `path`, whole: a file made
+/// new beside it, then renamed into place.
+fn write_entry(manifest: &Manifest, path: &Path, entry: Value, what: &str) {
     let written = (|| -> std::io::Result<()> {
         use std::io::Write;
         use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -176,12 +222,12 @@ pub fn write(manifest: &Manifest, version: &str, tools: &[ToolSpec]) {
         };
         file.write_all(entry.to_string().as_bytes())?;
         drop(file);
-        std::fs::rename(&partial, &path)
+        std::fs::rename(&partial, path)
     })();
     if let Err(e) = written {
         tracing::warn!(
             toolbox = %manifest.id,
-            "cannot cache the tool list in {}: {e}; the toolbox is probed again at its next \
+            "cannot cache the {what} in {}: {e}; the toolbox is probed again at its next \
              start",
             path.display()
         );

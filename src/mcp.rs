@@ -18,7 +18,17 @@ pub use task::{
 /// JSON-RPC "method not found".
 pub const METHOD_NOT_FOUND: i64 = -32601;
 /// MCP (modern era) "unsupported protocol version".
-pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32004;
+pub const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
+
+/// The code of "unsupported protocol version" in the drafts before the
+/// `2026-07-28` revision settled on [`UNSUPPORTED_PROTOCOL_VERSION`].
+pub const UNSUPPORTED_PROTOCOL_VERSION_DRAFT: i64 = -32004;
+
+/// Whether a JSON-RPC error code says "unsupported protocol version" (the
+/// final code, or the drafts').
+pub fn is_unsupported_version(code: i64) -> bool {
+    code == UNSUPPORTED_PROTOCOL_VERSION || code == UNSUPPORTED_PROTOCOL_VERSION_DRAFT
+}
 
 /// What toolboxd tells a server about itself.
 pub const CLIENT_NAME: &str = "toolboxd";
@@ -434,9 +444,11 @@ mod tests {
             METHOD_NOT_FOUND
         );
         assert_eq!(
-            code(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32004,"message":"v"}}"#),
+            code(br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32022,"message":"v"}}"#),
             UNSUPPORTED_PROTOCOL_VERSION
         );
+        assert!(is_unsupported_version(-32022) && is_unsupported_version(-32004));
+        assert!(!is_unsupported_version(METHOD_NOT_FOUND));
     }
 
     #[test]

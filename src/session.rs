@@ -145,6 +145,43 @@ impl Session {
     }
 }
 
+/// What an answer to the era probe says.
+enum Probe {
+    /// A legacy server: any JSON-RPC error but "unsupported version".
+    Legacy,
+    /// A modern server, or a failure of the child: decided by the answer.
+    Decided(Result<Value, RpcFailure>),
+}
+
+impl Probe {
+    fn of(answered: Result<Value, RpcFailure>) -> Probe {
+        match Probe::of_ref(&answered) {
+            Probe::Legacy => Probe::Legacy,
+            Probe::Decided(_) => Probe::Decided(answered),
+        }
+    }
+
+    /// Whether `answered` says legacy (the answer itself not kept).
+    fn of_ref(answered: &Result<Value, RpcFailure>) -> Probe {
+        match answered {
+            Err(RpcFailure::Rpc(e)) if !mcp::is_unsupported_version(e.code) => Probe::Legacy,
+            _ => Probe::Decided(Ok(Value::Null)),
+        }
+    }
+
+    /// The decisive answer.
+    fn answered(self) -> Result<Value, RpcFailure> {
+        match self {
+            Probe::Decided(answered) => answered,
+            Probe::Legacy => Err(RpcFailure::Rpc(mcp::RpcError {
+                code: mcp::METHOD_NOT_FOUND,
+                message: "server/discover".to_owned(),
+                data: None,
+            })),
+        }
+    }
+}
+
 async fn timed<T>(
     step: &'static str,
     limit: Duration,
@@ -162,8 +199,14 @@ async fn timed<T>(
 
 impl Session {
     /// Selects the era and completes the handshake: `pin` skips the probe;
-    /// otherwise `server/discover` is tried first and `initialize` is the
-    /// fallback for any error other than a recognised modern one, or silence.
+    /// otherwise `server/discover` is tried first. Its answer decides
+    /// whenever it comes: a modern server that answers after
+    /// `probe_timeout` (a busy machine starting many children) is still
+    /// modern. Only after that much silence is `initialize` sent as well,
+    /// on the same process, for a legacy server that never answers an
+    /// unknown method; the first decisive answer of the two wins (a late
+    /// DiscoverResult over an `initialize` refused by a server already in
+    /// the new era).
     pub async fn open(
         rpc: RpcHandle,
         pin: Option<&str>,
@@ -177,12 +220,38 @@ impl Session {
             return Session::initialize(rpc, version, request_timeout).await;
         }
         let preferred = MODERN_VERSIONS[0];
-        let probe = rpc.request(
+        // The probe's own handle: it may be waited for past the handshake.
+        let prober = rpc.clone();
+        let probe = prober.request(
             "server/discover",
             json!({"_meta": mcp::modern_meta(preferred)}),
         );
-        match tokio::time::timeout(probe_timeout, probe).await {
-            Ok(Ok(result)) => {
+        tokio::pin!(probe);
+        let answered = tokio::select! {
+            answered = &mut probe => answered,
+            () = tokio::time::sleep(probe_timeout) => {
+                let initialize = Session::initialize(rpc.clone(), LEGACY_VERSIONS[0], request_timeout);
+                tokio::pin!(initialize);
+                tokio::select! {
+                    answered = &mut probe => match Probe::of(answered) {
+                        // The late probe says legacy: the handshake under way decides.
+                        Probe::Legacy => return initialize.await,
+                        decided => decided.answered(),
+                    },
+                    initialized = &mut initialize => match initialized {
+                        Ok(session) => return Ok(session),
+                        // Refused: a server that is modern after all answers the
+                        // probe still in flight.
+                        Err(refused) => match tokio::time::timeout(request_timeout, probe).await {
+                            Ok(answered) if !matches!(Probe::of_ref(&answered), Probe::Legacy) => answered,
+                            _ => return Err(refused),
+                        },
+                    },
+                }
+            }
+        };
+        match answered {
+            Ok(result) => {
                 let supported = string_list(result.get("supportedVersions"));
                 match choose(&supported) {
                     Some(Era::Modern(v)) => Ok(Session::new(rpc, Era::Modern(v), None)),
@@ -193,7 +262,7 @@ impl Session {
                     None => Err(HandshakeError::NoCommonVersion(supported.join(", "))),
                 }
             }
-            Ok(Err(RpcFailure::Rpc(e))) if e.code == mcp::UNSUPPORTED_PROTOCOL_VERSION => {
+            Err(RpcFailure::Rpc(e)) if mcp::is_unsupported_version(e.code) => {
                 let data = e.data.unwrap_or(Value::Null);
                 let supported = string_list(
                     data.get("supported")
@@ -204,10 +273,10 @@ impl Session {
                     _ => Err(HandshakeError::NoCommonVersion(supported.join(", "))),
                 }
             }
-            Ok(Err(RpcFailure::Rpc(_))) | Err(_) => {
+            Err(RpcFailure::Rpc(_)) => {
                 Session::initialize(rpc, LEGACY_VERSIONS[0], request_timeout).await
             }
-            Ok(Err(failure)) => Err(HandshakeError::Rpc {
+            Err(failure) => Err(HandshakeError::Rpc {
                 step: "server/discover",
                 failure,
             }),

@@ -212,3 +212,25 @@ fn two_toolboxes_of_one_tool_name_stay_apart_and_a_restarted_daemon_serves_the_n
     assert!(turn["reply"].as_str().unwrap().contains('7'), "{turn}");
     audited(&audit, "math", "add", 1);
 }
+
+#[test]
+fn the_plugin_converts_schemas_and_says_when_the_bus_or_the_daemon_is_away() {
+    let (_no_bus, no_bus_port) = common::refusing_port();
+    let (_bus, bare_port) = start_bus(0);
+    let home = TempDir::new("plugin-unit-xdg");
+    let out = common::output_within(
+        Command::new(agents_python())
+            .args(["-m", "unittest", "discover", "-v", "-s"])
+            .arg(common::repo("python/ovos-toolboxd/tests"))
+            .env("TOOLBOXD_TEST_NO_BUS", no_bus_port.to_string())
+            .env("TOOLBOXD_TEST_BARE_BUS", bare_port.to_string())
+            .env("XDG_CONFIG_HOME", home.path())
+            .env("XDG_DATA_HOME", home.path().join("data"))
+            .env("XDG_CACHE_HOME", home.path().join("cache"))
+            .env("XDG_STATE_HOME", home.path().join("state")),
+        Duration::from_secs(120),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("Ran 6 tests"), "{stderr}");
+}

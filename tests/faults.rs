@@ -631,6 +631,26 @@ async fn a_modern_child_is_probed_with_server_discover() {
 }
 
 #[tokio::test]
+async fn a_probe_answered_after_its_deadline_still_decides_the_era_and_costs_no_restart() {
+    // server/discover answered 2 s late (probe_timeout_s = 1), and
+    // initialize refused once the probe was seen: the late answer decides.
+    let dir = TempDir::new("late-probe");
+    dir.write(
+        "late.toml",
+        &common::fixture_manifest(
+            "late",
+            "env = { DISCOVER_DELAY_S = \"2\" }\n[limits]\nprobe_timeout_s = 1\n",
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let row = daemon.status("late");
+    assert_eq!(row["state"], "ready", "{row}");
+    assert_eq!(row["era"], "modern MCP 2026-07-28", "{row}");
+    assert_eq!(row["restarts"], 0, "{row}");
+    assert_eq!(row["last_exit"], Value::Null, "{row}");
+}
+
+#[tokio::test]
 async fn each_instance_has_its_own_restart_budget() {
     let s = Setup::new(
         "instance-budget",
@@ -678,4 +698,34 @@ async fn each_instance_has_its_own_restart_budget() {
     let mut bus = Bus::connect(&daemon.url).await;
     let (data, _) = call(&mut bus, "faulty", "ok", json!({})).await;
     assert_eq!(data["result"], json!({"ok": true}));
+}
+
+#[tokio::test]
+async fn the_era_found_is_kept_and_a_later_start_of_the_same_toolbox_does_not_probe() {
+    let s = Setup::new("era-kept", "", "");
+    let methods = |s: &Setup| -> Vec<String> {
+        s.received()
+            .iter()
+            .filter_map(|m| m["method"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let mut daemon = Daemon::start(s.dir.path());
+    let era = daemon.status("faulty")["era"].clone();
+    daemon.stop();
+    let first = methods(&s);
+    assert_eq!(
+        first.first().map(String::as_str),
+        Some("server/discover"),
+        "{first:?}"
+    );
+    std::fs::remove_file(s.dir.path().join("received.jsonl")).unwrap();
+    // The same toolbox, started again by a new daemon: no probe.
+    let daemon = Daemon::start(s.dir.path());
+    assert_eq!(daemon.status("faulty")["era"], era);
+    let second = methods(&s);
+    let listed = second.iter().position(|m| m == "tools/list").unwrap();
+    assert!(
+        !second[..listed].iter().any(|m| m == "server/discover"),
+        "{second:?}"
+    );
 }

@@ -74,10 +74,14 @@ async fn probe_one(m: &Manifest) -> Result<String, Vec<String>> {
     if !launched.left_out.is_empty() {
         return Err(launched.left_out);
     }
+    let version = launched.session.era().version();
     if m.start.on_demand() {
         // What the daemon lists a lazy or idle toolbox from.
-        let version = launched.session.era().version();
         crate::catalog_cache::write(m, version, &launched.specs);
+    }
+    if m.protocol.is_none() {
+        // The daemon's first start of it needs no era probe.
+        crate::catalog_cache::store_era(m, version);
     }
     let names: Vec<&str> = launched.tools.iter().map(|t| t.name.as_str()).collect();
     Ok(format!(

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::relay::{Relay, RelayError};
 use crate::bus::envelope::Object;
 use crate::manifest::{LEGACY_VERSIONS, MODERN_VERSIONS};
+use crate::mcp::UNSUPPORTED_PROTOCOL_VERSION;
 
 /// Where a conversation's outgoing messages go.
 pub type Out = mpsc::UnboundedSender<Value>;
@@ -31,8 +32,6 @@ pub const INVALID_REQUEST: i64 = -32600;
 const METHOD_NOT_FOUND: i64 = -32601;
 /// JSON-RPC: wrong parameters (an unknown tool, for MCP).
 const INVALID_PARAMS: i64 = -32602;
-/// MCP `2026-07-28`: the request's protocol version is not one we speak.
-const UNSUPPORTED_PROTOCOL_VERSION: i64 = -32022;
 
 /// `_meta` key of a modern request's protocol version.
 const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";

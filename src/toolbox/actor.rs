@@ -91,7 +91,12 @@ impl Actor {
         stats: Arc<Stats>,
     ) -> Actor {
         Actor {
-            pin: manifest.protocol.clone(),
+            // The era found at an earlier start, kept on disk, when the
+            // manifest pins none.
+            pin: manifest
+                .protocol
+                .clone()
+                .or_else(|| crate::catalog_cache::load_era(&manifest)),
             manifest,
             publisher,
             index,
@@ -403,7 +408,11 @@ impl Actor {
         let _turn = turns::START_TURNS.acquire().await.ok();
         match launch::launch(&self.manifest, self.pin.as_deref(), &self.stats.stderr).await {
             Ok(launched) => {
-                self.pin = Some(launched.session.era().version().to_owned());
+                let version = launched.session.era().version().to_owned();
+                if self.manifest.protocol.is_none() && self.pin.as_deref() != Some(&version) {
+                    crate::catalog_cache::store_era(&self.manifest, &version);
+                }
+                self.pin = Some(version);
                 for problem in &launched.left_out {
                     tracing::warn!(
                         toolbox = self.id(),
@@ -419,6 +428,10 @@ impl Actor {
                 Ok(launched)
             }
             Err(failed) => {
+                if self.manifest.protocol.is_none() && self.pin.is_some() {
+                    // The era guessed did not hold: the next start probes.
+                    crate::catalog_cache::forget_era(&self.manifest);
+                }
                 self.pin = self.manifest.protocol.clone();
                 Err(Down::of_failed_start(failed).await)
             }
