@@ -346,10 +346,12 @@ pub fn status_table(rows: &Value) -> String {
             .as_u64()
             .map_or("-".to_owned(), |s| format!("{s}s"));
         // The last column says what most needs saying: why the state, a
-        // conflict with another host, or how the last child ended.
+        // conflict with another host, a toolbox that serves nothing, or how
+        // the last child ended.
         let last = r["reason"]
             .as_str()
             .or(r["conflict"].as_str())
+            .or(r["note"].as_str())
             .or(r["last_exit"].as_str())
             .unwrap_or("-");
         let memory = r["memory_bytes"]

@@ -352,6 +352,7 @@ async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
         "ovos.tools.list",
         Object::new(),
         Duration::from_secs(args.timeout),
+        |_| {},
     )
     .await?;
     print_answer(data)
@@ -384,6 +385,7 @@ async fn call(args: CallArgs) -> anyhow::Result<ExitCode> {
         topic,
         data,
         Duration::from_secs(args.timeout),
+        print_progress,
     )
     .await?;
     print_answer(data)
@@ -445,6 +447,23 @@ async fn mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A call's progress, on stderr (stdout is the answer's): `progress 3/10:
+/// message`.
+fn print_progress(report: &Object) {
+    let number = |key: &str| report.get(key).map(|v| v.to_string());
+    let mut line = format!("progress {}", number("progress").unwrap_or_default());
+    if let Some(total) = number("total") {
+        line.push_str(&format!("/{total}"));
+    }
+    if let Some(message) = report.get("message").and_then(Value::as_str) {
+        line.push_str(&format!(
+            ": {}",
+            toolboxd::util::throttle::escape_controls(message)
+        ));
+    }
+    eprintln!("{line}");
 }
 
 /// Exit 0 when `ok`, else 1.

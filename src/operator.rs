@@ -36,6 +36,10 @@ const LOGS: &str = "logs";
 /// Stderr lines `ctl logs` prints unless told otherwise.
 pub const DEFAULT_LOG_LINES: usize = 100;
 
+/// What status (and `check --probe`) says of a toolbox that serves no tools.
+pub const NO_TOOLS: &str = "serves no tools: does it need a configuration (an OVOS plugin: \
+    the second argument of opm_host.py, docs/authoring.md)? `toolboxd ctl logs` shows what it said";
+
 /// An operator request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Operation {
@@ -489,10 +493,15 @@ pub fn status(catalog: &Catalog) -> Value {
             };
             let ms = |d: Option<std::time::Duration>| d.map(|d| d.as_secs_f64() * 1000.0);
             let conflict = entry.conflict.clone();
+            // Serving, and nothing to serve: most often a plugin that needs
+            // its configuration.
+            let serving = matches!(entry.state, State::Ready | State::Idle);
+            let note = (serving && entry.tools.is_empty()).then_some(NO_TOOLS);
             json!({
                 "id": id,
                 "state": entry.state.name(),
                 "reason": reason,
+                "note": note,
                 "pids": entry.handle.pids(),
                 "instances": entry.handle.instances(),
                 "tools": entry.tools.len(),

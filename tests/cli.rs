@@ -279,6 +279,17 @@ async fn new_writes_toolboxes_that_pass_probe_and_answer() {
     }
     let (code, out, _) = toolboxd(&["new", "pyhello", "--dir", d]);
     assert_eq!(code, 1, "refuses to overwrite: {out}");
+    // A manifests directory that is not there yet is made.
+    let fresh = dir.path().join("fresh/manifests");
+    let (code, out, err) = toolboxd(&["new", "first", "--dir", fresh.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(fresh.join("first.toml").exists());
+    std::fs::remove_dir_all(dir.path().join("fresh")).unwrap();
+    // One that cannot be: the reason, said once.
+    let blocked = dir.write("a-file", "");
+    let (code, _, err) = toolboxd(&["new", "x", "--dir", &format!("{}/sub", blocked.display())]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.matches("Not a directory").count(), 1, "{err}");
     let (code, out, err) = toolboxd(&["check", "--probe", "--manifests", d]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
@@ -311,6 +322,32 @@ async fn new_writes_toolboxes_that_pass_probe_and_answer() {
             "{name}"
         );
     }
+}
+
+#[test]
+fn call_shows_the_progress_of_its_call_on_stderr() {
+    let dir = TempDir::new("cli-progress");
+    dir.write(
+        "tasks.toml",
+        &format!(
+            "id = \"tasks\"\ncommand = \"python3\"\nargs = [\"{}\"]\n",
+            common::repo("tests/fixtures/task_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let (code, out, err) = toolboxd(&[
+        "call",
+        "flood",
+        "--args",
+        r#"{"count": 4, "over_s": 1.2, "then_s": 0.3}"#,
+        "--bus",
+        &daemon.url,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("sent 4"), "the answer on stdout: {out}");
+    let progress: Vec<&str> = err.lines().filter(|l| l.starts_with("progress ")).collect();
+    assert!(!progress.is_empty(), "{err}");
+    assert!(progress.iter().all(|l| l.contains("/4")), "{err}");
 }
 
 /// An OVOS config home (user file) and a system file, with these contents.

@@ -343,3 +343,77 @@ async fn a_server_on_the_python_sdk_1x_line_is_listed_and_called() {
                "message": "4 to go"})
     );
 }
+
+#[tokio::test]
+async fn an_opm_plugin_gets_its_configuration_logs_to_its_stderr_and_one_serving_nothing_is_flagged(
+) {
+    let dir = TempDir::new("eco-opm");
+    let python = venv_bin("python");
+    let host = repo("examples/python/opm_host.py");
+    dir.write(
+        "greeter.toml",
+        &format!(
+            "id = \"greeter\"\ncommand = \"{python}\"\nargs = [\"{host}\", \"test-math-tools\", \
+             '{{\"greeting\": \"hello from the manifest\"}}']\n"
+        ),
+    );
+    dir.write(
+        "empty.toml",
+        &format!(
+            "id = \"empty\"\ncommand = \"{python}\"\nargs = [\"{host}\", \"test-math-tools\", \
+             '{{\"tools\": \"none\"}}']\n"
+        ),
+    );
+    // check --probe warns of the one that serves nothing.
+    let out = common::output_within(
+        std::process::Command::new(common::BIN)
+            .args(["check", "--probe", "--manifests"])
+            .arg(dir.path()),
+        std::time::Duration::from_secs(120),
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.starts_with("warn  empty") && l.contains("serves no tools")),
+        "{printed}"
+    );
+    assert!(
+        printed
+            .lines()
+            .any(|l| l.starts_with("ok    greeter") && l.contains("greet")),
+        "{printed}"
+    );
+
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    // The configuration reached the plugin.
+    let greeted = bus.call("greeter", "greet", json!({})).await;
+    assert_eq!(
+        greeted["result"]["text"], "hello from the manifest",
+        "{greeted}"
+    );
+    // The OVOS logger wrote to stdout, the protocol channel: every line is
+    // now the toolbox's stderr, and the protocol unharmed.
+    for n in 0..3 {
+        let added = bus.call("greeter", "add", json!({"a": n, "b": 1})).await;
+        assert_eq!(added["result"]["result"], n + 1, "{added}");
+    }
+    let (code, logs, _) = daemon.ctl(&["logs", "greeter"]);
+    assert_eq!(code, 0);
+    for n in 0..3 {
+        assert!(logs.contains(&format!("adding {n} and 1")), "{logs}");
+    }
+    let row = daemon.status("empty");
+    assert_eq!(row["tools"], 0, "{row}");
+    assert!(
+        row["note"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("serves no tools"),
+        "{row}"
+    );
+    let (_, table, _) = daemon.ctl(&["status"]);
+    assert!(table.contains("serves no tools"), "{table}");
+    assert!(daemon.status("greeter")["note"].is_null());
+}

@@ -182,6 +182,17 @@ async fn metrics_count_a_known_mix_of_calls() {
             .starts_with("TimeoutError"),
         "{timeout}"
     );
+    // An operator reading the log at INFO sees both.
+    daemon.wait_for_log(
+        "call busy: RuntimeError: toolbox 'slow' is busy",
+        1,
+        ANSWER_DEADLINE,
+    );
+    daemon.wait_for_log(
+        "call timeout: TimeoutError: tool 'hang'",
+        1,
+        ANSWER_DEADLINE,
+    );
     // The crashed child was replaced.
     wait_until("the crash counted as a restart", ANSWER_DEADLINE, || {
         let text = scrape(addr);

@@ -38,17 +38,20 @@ LEGACY = ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"]
 
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
-UNSUPPORTED_PROTOCOL_VERSION = -32004
+UNSUPPORTED_PROTOCOL_VERSION = -32022
 
 
 class Toolbox:
-    def __init__(self, name, version="0.1.0", workers=16, page_size=None):
+    def __init__(self, name, version="0.1.0", workers=16, page_size=None, out=None):
         self.name = name
         self.version = version
         self.page_size = page_size
         self._tools = {}
         self._pool = ThreadPoolExecutor(max_workers=workers)
         self._write_lock = threading.Lock()
+        # Where protocol lines go: stdout unless given (a host that points
+        # stdout at stderr, for a library that logs there, gives the real one).
+        self._out = out
         # The progress token of the call each worker thread is running.
         self._calls = threading.local()
         # Set MCP_TOOLBOX_RECORD to a file path to log every request received.
@@ -88,9 +91,10 @@ class Toolbox:
 
     def _send(self, message):
         line = json.dumps(message, separators=(",", ":"))
+        out = self._out or sys.stdout
         with self._write_lock:
-            sys.stdout.write(line + "\n")
-            sys.stdout.flush()
+            out.write(line + "\n")
+            out.flush()
 
     def _result(self, msg_id, result, modern):
         if modern:

@@ -30,12 +30,14 @@ pub enum RequestError {
 }
 
 /// Sends `topic` with `data` on the bus at `url` and returns the data of the
-/// first `.response` that carries our mark.
+/// first `.response` that carries our mark; each `.progress` message for it
+/// meanwhile goes to `on_progress`.
 pub async fn request(
     url: &str,
     topic: &str,
     data: Object,
     wait: Duration,
+    mut on_progress: impl FnMut(&Object),
 ) -> Result<Object, RequestError> {
     let mut ws = client::connect(url).await?.ws;
     let mark = format!(
@@ -60,6 +62,7 @@ pub async fn request(
         .await
         .map_err(|e| RequestError::Io(e.to_string()))?;
     let expected = format!("{topic}.response");
+    let progress = format!("{topic}.progress");
     let answer = async {
         while let Some(frame) = ws.next().await {
             tcp::quickack(ws.get_ref());
@@ -70,10 +73,14 @@ pub async fn request(
             let Ok(reply) = Message::decode(text.as_str()) else {
                 continue;
             };
-            if reply.msg_type == expected
-                && reply.context.get(MARK).and_then(Value::as_str) == Some(&mark)
-            {
+            if reply.context.get(MARK).and_then(Value::as_str) != Some(&mark) {
+                continue;
+            }
+            if reply.msg_type == expected {
                 return Ok(reply.data);
+            }
+            if reply.msg_type == progress {
+                on_progress(&reply.data);
             }
         }
         Err(RequestError::Io("the bus closed the connection".to_owned()))

@@ -30,7 +30,16 @@ pub async fn check(dirs: &[PathBuf], probe: bool, sandbox: bool, out: &mut impl 
             continue;
         }
         match probe_one(m).await {
-            Ok(summary) => {
+            Ok((summary, 0)) => {
+                let _ = writeln!(
+                    out,
+                    "warn  {}  {}: {summary}: it {}",
+                    m.id,
+                    m.path.display(),
+                    crate::operator::NO_TOOLS
+                );
+            }
+            Ok((summary, _)) => {
                 let _ = writeln!(out, "ok    {}  {}: {summary}", m.id, m.path.display());
             }
             Err(problems) => {
@@ -59,7 +68,7 @@ pub async fn check(dirs: &[PathBuf], probe: bool, sandbox: bool, out: &mut impl 
 }
 
 /// Starts the child as `run` would, lists and compiles its tools, stops it.
-async fn probe_one(m: &Manifest) -> Result<String, Vec<String>> {
+async fn probe_one(m: &Manifest) -> Result<(String, usize), Vec<String>> {
     let stderr = std::sync::Arc::default();
     let launched = match launch(m, m.protocol.as_deref(), &stderr).await {
         Ok(launched) => launched,
@@ -84,10 +93,11 @@ async fn probe_one(m: &Manifest) -> Result<String, Vec<String>> {
         crate::catalog_cache::store_era(m, version);
     }
     let names: Vec<&str> = launched.tools.iter().map(|t| t.name.as_str()).collect();
-    Ok(format!(
+    let summary = format!(
         "{}, {} tools: {}",
         launched.session.era(),
         names.len(),
         names.join(", ")
-    ))
+    );
+    Ok((summary, names.len()))
 }

@@ -26,10 +26,12 @@ pub enum ScaffoldError {
     BadName(String),
     #[error("{0} already exists; pick another name or remove it")]
     Exists(PathBuf),
-    #[error("cannot write {path}: {source}")]
+    /// (`reason`, not `source`: the reason is said once, in this message,
+    /// not again by an error chain.)
+    #[error("cannot write {path}: {reason}")]
     Write {
         path: PathBuf,
-        source: std::io::Error,
+        reason: std::io::Error,
     },
 }
 
@@ -38,6 +40,11 @@ pub fn new_toolbox(name: &str, lang: Lang, dir: &Path) -> Result<Vec<PathBuf>, S
     if !valid_id(name) || name.len() > MAX_NAME {
         return Err(ScaffoldError::BadName(name.to_owned()));
     }
+    // A first toolbox: its manifests directory is made too.
+    std::fs::create_dir_all(dir).map_err(|reason| ScaffoldError::Write {
+        path: dir.to_owned(),
+        reason,
+    })?;
     let manifest = dir.join(format!("{name}.toml"));
     let code_dir = dir.join(name);
     for path in [&manifest, &code_dir] {
@@ -101,16 +108,16 @@ fn write_toolbox(
             .create_new(true)
             .open(&path)
             .and_then(|mut file| file.write_all(text.as_bytes()))
-            .map_err(|source| ScaffoldError::Write {
+            .map_err(|reason| ScaffoldError::Write {
                 path: path.clone(),
-                source,
+                reason,
             })?;
         written.push(path);
         Ok::<_, ScaffoldError>(())
     };
-    std::fs::create_dir(code_dir).map_err(|source| ScaffoldError::Write {
+    std::fs::create_dir(code_dir).map_err(|reason| ScaffoldError::Write {
         path: code_dir.to_owned(),
-        source,
+        reason,
     })?;
     let script_path = code_dir.join(&script);
     write(
@@ -128,10 +135,10 @@ fn write_toolbox(
 
 fn make_executable(path: &Path) -> Result<(), ScaffoldError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).map_err(|source| {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).map_err(|reason| {
         ScaffoldError::Write {
             path: path.to_owned(),
-            source,
+            reason,
         }
     })
 }

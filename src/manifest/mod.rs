@@ -484,6 +484,11 @@ fn resolve_command(command: &str, dir: &Path, search_path: &str) -> Result<PathB
                  command and the script in args",
                 candidate.display()
             ))
+        } else if Path::new(command).is_absolute() {
+            Err(format!(
+                "command {} does not exist; fix the path, or install what it names",
+                candidate.display()
+            ))
         } else {
             Err(format!(
                 "command {} does not exist; fix the path (it is relative to the manifest's \

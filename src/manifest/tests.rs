@@ -235,3 +235,17 @@ fn prewarm_topics_must_come_before_a_call() {
         assert!(e.message.contains("never starts a toolbox"), "{topic}: {e}");
     }
 }
+
+#[test]
+fn a_missing_command_is_said_relative_to_the_manifest_only_when_it_is() {
+    let e = parse("id = \"a\"\ncommand = \"/nowhere/bin/tool\"\n").unwrap_err();
+    let text = e.to_string();
+    assert!(text.contains("/nowhere/bin/tool does not exist"), "{text}");
+    assert!(!text.contains("relative to the manifest"), "{text}");
+    let e = parse("id = \"a\"\ncommand = \"bin/tool\"\n").unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("relative to the manifest's directory"),
+        "{e}"
+    );
+}

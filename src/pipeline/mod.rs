@@ -19,7 +19,7 @@ pub mod outcome;
 pub mod output;
 pub mod texts;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
@@ -28,6 +28,7 @@ use crate::observe::{Ending, Finished, Observer};
 use crate::registry::{Catalog, Registry, Resolved};
 use crate::tool::Tool;
 use crate::toolbox::{CallError, State, ToolboxHandle};
+use crate::util::throttle::LogBudget;
 use arguments::check_arguments;
 pub use outcome::{Answer, Failed, Failure, Outcome};
 
@@ -39,7 +40,13 @@ pub struct Pipeline {
     registry: Arc<Registry>,
     /// Where every ending is reported (metrics, audit log).
     observer: Observer,
+    /// Busy refusals and timeouts logged per second (at INFO: an operator
+    /// sees a toolbox that cannot keep up); any caller can cause thousands.
+    noted: Arc<Mutex<LogBudget>>,
 }
+
+/// Busy refusals and timeouts logged per second; the rest are counted.
+const NOTED_PER_SECOND: u32 = 5;
 
 /// What a run learnt that its report needs, however far it got.
 #[derive(Default)]
@@ -54,7 +61,11 @@ struct Trace {
 impl Pipeline {
     /// A pipeline over `registry`, reporting to `observer`.
     pub fn new(registry: Arc<Registry>, observer: Observer) -> Pipeline {
-        Pipeline { registry, observer }
+        Pipeline {
+            registry,
+            observer,
+            noted: Arc::new(Mutex::new(LogBudget::new(NOTED_PER_SECOND))),
+        }
     }
 
     /// Where endings are reported: a face reports what it relays there too
@@ -207,6 +218,29 @@ impl Pipeline {
         }
     }
 
+    /// Logs a busy refusal or a timeout at INFO, within
+    /// [`NOTED_PER_SECOND`] (a line counts the ones left out).
+    fn note(&self, toolbox: &str, tool: &str, ending: Ending, text: &str) {
+        let mut budget = self.noted.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dropped) = budget.take() {
+            if dropped > 0 {
+                tracing::info!(
+                    dropped,
+                    "busy refusals and timeouts not logged (more than {NOTED_PER_SECOND} a second; \
+                     the metrics count them all)"
+                );
+            }
+            let text = crate::util::throttle::escape_controls(text);
+            tracing::info!(
+                toolbox,
+                tool,
+                outcome = ending.name(),
+                "call {}: {text}",
+                ending.name()
+            );
+        }
+    }
+
     /// Reports how a call ended: once, whatever ended it.
     fn report(
         &self,
@@ -224,6 +258,9 @@ impl Pipeline {
             ),
             Err(failed) => (failed.ending, Some(failed.text.as_str()), None),
         };
+        if let (Ending::Busy | Ending::Timeout, Some(text)) = (ending, error) {
+            self.note(toolbox, tool, ending, text);
+        }
         self.observer.call_finished(&Finished {
             toolbox,
             tool,
@@ -250,11 +287,19 @@ fn find_toolbox(catalog: &Catalog, request: &Request) -> Result<ToolboxHandle, F
         })?,
         None => match catalog.resolve(&request.tool) {
             Resolved::One(entry, _) => entry,
-            Resolved::Unknown => {
-                return Err(Failure::UnknownTool {
-                    name: request.tool.clone(),
+            // A failed toolbox is not listed, but a caller of one of its
+            // tools is owed the reason (below), not "unknown".
+            Resolved::Unknown => catalog
+                .toolboxes()
+                .map(|(_, entry)| entry)
+                .find(|entry| {
+                    entry.is_hosted()
+                        && matches!(entry.state, State::Failed { .. })
+                        && entry.tools.get(&request.tool).is_some()
                 })
-            }
+                .ok_or_else(|| Failure::UnknownTool {
+                    name: request.tool.clone(),
+                })?,
             Resolved::Ambiguous(owners) => {
                 return Err(Failure::Ambiguous {
                     name: request.tool.clone(),
