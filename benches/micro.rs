@@ -25,6 +25,7 @@ fn add_tool() -> Tool {
                 "required": ["a", "b"], "additionalProperties": false}),
             output_schema: Some(json!({"type": "object",
                 "properties": {"result": {"type": "integer"}}, "required": ["result"]})),
+            annotations: None,
         },
     )
     .unwrap()

@@ -110,7 +110,7 @@ pub async fn launch(
         }
     };
     let listed = session.list_tools(request_timeout, limits.max_message_bytes);
-    let (specs, mut left_out) = match listed.await {
+    let (mut specs, mut left_out) = match listed.await {
         Ok(listed) => listed,
         Err(e) => {
             return Err(LaunchError {
@@ -120,6 +120,7 @@ pub async fn launch(
             })
         }
     };
+    manifest.annotations.apply(&mut specs);
     let (tools, rejected) = ToolSet::compile(&manifest.id, specs.clone());
     left_out.extend(rejected);
     if let Err(why) = tools.fits_on_the_bus() {

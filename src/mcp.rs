@@ -236,6 +236,40 @@ pub struct ToolSpec {
     pub input_schema: Value,
     /// JSON Schema of `structuredContent`, when the tool declares one.
     pub output_schema: Option<Value>,
+    /// Its annotations (`title` and the four hints), when it has any: only
+    /// those keys, of their types, the title bounded ([`annotations_of`]).
+    pub annotations: Option<Value>,
+}
+
+/// The longest annotation title kept, in bytes.
+pub const MAX_TITLE_BYTES: usize = 256;
+
+/// The annotations of listed tool `tool`: its `annotations` object's
+/// `title` (a string of at most [`MAX_TITLE_BYTES`]; the tool's own
+/// `title` when the object has none) and its boolean hints. Anything else a
+/// child puts there is left out, so no child bloats every listing with it.
+pub fn annotations_of(tool: &Value) -> Option<Value> {
+    let given = tool.get("annotations").and_then(Value::as_object);
+    let mut annotations = serde_json::Map::new();
+    let title = given
+        .and_then(|a| a.get("title"))
+        .or_else(|| tool.get("title"))
+        .and_then(Value::as_str)
+        .filter(|t| t.len() <= MAX_TITLE_BYTES);
+    if let Some(title) = title {
+        annotations.insert("title".to_owned(), Value::from(title));
+    }
+    for hint in [
+        "readOnlyHint",
+        "destructiveHint",
+        "idempotentHint",
+        "openWorldHint",
+    ] {
+        if let Some(value) = given.and_then(|a| a.get(hint)).filter(|v| v.is_boolean()) {
+            annotations.insert(hint.to_owned(), value.clone());
+        }
+    }
+    (!annotations.is_empty()).then_some(Value::Object(annotations))
 }
 
 /// Reads the `tools` array of a `tools/list` result and its `nextCursor`.
@@ -277,6 +311,7 @@ pub fn parse_tools_page(result: &Value) -> (Vec<Result<ToolSpec, String>>, Optio
                     .get("outputSchema")
                     .filter(|s| s.is_object() || s.is_boolean())
                     .cloned(),
+                annotations: annotations_of(t),
             })
         })
         .collect();
@@ -300,6 +335,9 @@ pub fn tool_definition(spec: &ToolSpec) -> Value {
     tool.insert("inputSchema".to_owned(), spec.input_schema.clone());
     if let Some(output) = &spec.output_schema {
         tool.insert("outputSchema".to_owned(), output.clone());
+    }
+    if let Some(annotations) = &spec.annotations {
+        tool.insert("annotations".to_owned(), annotations.clone());
     }
     Value::Object(tool)
 }
@@ -358,6 +396,22 @@ pub fn joined_text(content: Option<&Value>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn annotations_keep_the_title_and_the_boolean_hints_only() {
+        let tool = json!({"name": "t", "title": "Top title",
+                          "annotations": {"readOnlyHint": true, "destructiveHint": "yes",
+                                          "openWorldHint": false, "bloat": "x".repeat(100)}});
+        assert_eq!(
+            annotations_of(&tool),
+            Some(json!({"title": "Top title", "readOnlyHint": true, "openWorldHint": false}))
+        );
+        let own = json!({"title": "Top", "annotations": {"title": "Own"}});
+        assert_eq!(annotations_of(&own), Some(json!({"title": "Own"})));
+        let long = json!({"annotations": {"title": "t".repeat(MAX_TITLE_BYTES + 1)}});
+        assert_eq!(annotations_of(&long), None);
+        assert_eq!(annotations_of(&json!({"name": "bare"})), None);
+    }
 
     #[test]
     fn unusable_answers_are_told_from_junk() {
@@ -600,6 +654,7 @@ mod tests {
                 description: "A.".into(),
                 input_schema: json!({"type": "object"}),
                 output_schema: Some(json!({"type": "object"})),
+                annotations: None,
             })
         );
         assert_eq!(
@@ -609,6 +664,7 @@ mod tests {
                 description: String::new(),
                 input_schema: json!(true),
                 output_schema: Some(json!(false)),
+                annotations: None,
             })
         );
         assert_eq!(tools[2].as_ref().unwrap().output_schema, None);

@@ -295,6 +295,7 @@ mod tests {
                 description: format!("{name} in {toolbox}"),
                 input_schema: json!({"type": "object"}),
                 output_schema: None,
+                annotations: None,
             })
             .collect();
         let (set, problems) = ToolSet::compile(toolbox, specs);

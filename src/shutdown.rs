@@ -35,6 +35,29 @@ impl Shutdown {
         let _ = self.rx.wait_for(|down| *down).await;
     }
 
+    /// The next connection on `listener`, or `None` once shutdown begins. A
+    /// failed accept (out of descriptors, say) is logged as `what`'s and
+    /// tried again shortly, never a busy loop.
+    pub async fn accept(
+        &mut self,
+        listener: &tokio::net::TcpListener,
+        what: &str,
+    ) -> Option<tokio::net::TcpStream> {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = self.recv() => return None,
+            };
+            match accepted {
+                Ok((stream, _)) => return Some(stream),
+                Err(e) => {
+                    tracing::warn!("{what}: accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
     /// Whether shutdown has begun, without waiting.
     pub fn is_down(&self) -> bool {
         *self.rx.borrow() || self.rx.has_changed().is_err()

@@ -126,14 +126,19 @@ impl Tool {
         let output_schema = spec
             .output_schema
             .unwrap_or_else(mcp::generic_output_schema);
-        let definition = serde_json::value::to_raw_value(&json!({
+        let mut definition = json!({
             "name": spec.name,
             "description": spec.description,
             "argument_schema": spec.input_schema,
             "output_schema": output_schema,
             "toolbox_id": toolbox_id,
-        }))
-        .map_err(|e| format!("its definition does not serialize: {e}"))?;
+        });
+        // Beside the five fields, only when the tool has any (docs/protocol.md).
+        if let Some(annotations) = spec.annotations {
+            definition["annotations"] = annotations;
+        }
+        let definition = serde_json::value::to_raw_value(&definition)
+            .map_err(|e| format!("its definition does not serialize: {e}"))?;
         Ok(Tool {
             name: spec.name,
             definition,
@@ -363,6 +368,7 @@ mod tests {
                 description: "Add.".into(),
                 input_schema: schema,
                 output_schema: None,
+                annotations: None,
             },
         )
         .unwrap()
@@ -406,6 +412,7 @@ mod tests {
                 description: String::new(),
                 input_schema: json!({"type": 12}),
                 output_schema: None,
+                annotations: None,
             },
         )
         .unwrap_err();
@@ -430,6 +437,7 @@ mod tests {
             description: description.into(),
             input_schema: input,
             output_schema: output,
+            annotations: None,
         }
     }
 

@@ -41,13 +41,10 @@ struct AgentLoop {
 impl AgentLoop {
     fn start(port: u16) -> AgentLoop {
         let home = TempDir::new("agent-xdg");
-        let mut process = Command::new(agents_python())
+        let mut command = Command::new(agents_python());
+        let mut process = common::ovos_home(&mut command, home.path())
             .arg(common::repo("tests/python/agent_loop.py"))
             .arg(port.to_string())
-            .env("XDG_CONFIG_HOME", home.path())
-            .env("XDG_DATA_HOME", home.path().join("data"))
-            .env("XDG_CACHE_HOME", home.path().join("cache"))
-            .env("XDG_STATE_HOME", home.path().join("state"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -134,28 +131,11 @@ fn the_react_engine_with_only_the_plugin_calls_a_confined_tool_and_the_call_is_a
     let dir = TempDir::new("agents-one");
     dir.write("math.toml", &math_manifest("math"));
     let audit = dir.path().join("audit.log");
-    let daemon = Daemon::start_with(&[
-        "--manifests",
-        dir.path().to_str().unwrap(),
-        "--embedded-bus",
-        "127.0.0.1:0",
-        "--audit-log",
-        audit.to_str().unwrap(),
-    ]);
+    let daemon = Daemon::start_audited(dir.path(), &audit);
     // The tool runs confined, as every default toolbox does.
     let sandbox = daemon.status("math")["sandbox"].clone();
     assert_eq!(sandbox[0], "standard", "{sandbox}");
-    let port: u16 = daemon
-        .url
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let mut agent = AgentLoop::start(port);
+    let mut agent = AgentLoop::start(common::port_of(&daemon.url));
     let turn = agent.turn("add", json!({"a": 2, "b": 3}));
     assert!(
         turn["tools"].as_array().unwrap().contains(&json!("add")),
@@ -218,16 +198,13 @@ fn the_plugin_converts_schemas_and_says_when_the_bus_or_the_daemon_is_away() {
     let (_no_bus, no_bus_port) = common::refusing_port();
     let (_bus, bare_port) = start_bus(0);
     let home = TempDir::new("plugin-unit-xdg");
+    let mut command = Command::new(agents_python());
     let out = common::output_within(
-        Command::new(agents_python())
+        common::ovos_home(&mut command, home.path())
             .args(["-m", "unittest", "discover", "-v", "-s"])
             .arg(common::repo("python/ovos-toolboxd/tests"))
             .env("TOOLBOXD_TEST_NO_BUS", no_bus_port.to_string())
-            .env("TOOLBOXD_TEST_BARE_BUS", bare_port.to_string())
-            .env("XDG_CONFIG_HOME", home.path())
-            .env("XDG_DATA_HOME", home.path().join("data"))
-            .env("XDG_CACHE_HOME", home.path().join("cache"))
-            .env("XDG_STATE_HOME", home.path().join("state")),
+            .env("TOOLBOXD_TEST_BARE_BUS", bare_port.to_string()),
         Duration::from_secs(120),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -87,6 +87,19 @@ async fn third_party_servers_and_an_opm_plugin_are_listed_and_called() {
     assert_eq!(names("time"), ["get_current_time", "convert_time"]);
     assert_eq!(names("sdk"), ["add", "greet", "refuse"]);
     assert_eq!(names("test-math-tools"), ["add", "divide"]);
+    // The SDK server's title and hints travel with its tool's definition; a
+    // tool with none has no annotations key.
+    assert_eq!(
+        tools["sdk"][0]["annotations"],
+        json!({"title": "Add two numbers", "readOnlyHint": true, "idempotentHint": true}),
+        "{:?}",
+        tools["sdk"][0]
+    );
+    assert!(
+        tools["sdk"][1].get("annotations").is_none(),
+        "{:?}",
+        tools["sdk"][1]
+    );
     let opm_add = &tools["test-math-tools"][0];
     assert_eq!(opm_add["argument_schema"]["title"], "AddArgs");
     assert_eq!(opm_add["output_schema"]["title"], "AddOutput");
@@ -354,7 +367,8 @@ async fn an_opm_plugin_gets_its_configuration_logs_to_its_stderr_and_one_serving
         "greeter.toml",
         &format!(
             "id = \"greeter\"\ncommand = \"{python}\"\nargs = [\"{host}\", \"test-math-tools\", \
-             '{{\"greeting\": \"hello from the manifest\"}}']\n"
+             '{{\"greeting\": \"hello from the manifest\"}}']\n\
+             [annotations.greet]\ntitle = \"Say hello\"\nreadOnlyHint = true\n"
         ),
     );
     dir.write(
@@ -387,6 +401,20 @@ async fn an_opm_plugin_gets_its_configuration_logs_to_its_stderr_and_one_serving
 
     let daemon = Daemon::start(dir.path());
     let mut bus = Bus::connect(&daemon.url).await;
+    // The manifest's annotations are the plugin's tool's on the bus.
+    let listed = bus.request("ovos.tools.list", json!({})).await;
+    let greet = listed["data"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "greet")
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        greet["annotations"],
+        json!({"title": "Say hello", "readOnlyHint": true}),
+        "{greet}"
+    );
     // The configuration reached the plugin.
     let greeted = bus.call("greeter", "greet", json!({})).await;
     assert_eq!(

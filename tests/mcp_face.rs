@@ -39,15 +39,7 @@ impl Served {
                 repo("tests/fixtures/task_toolbox.py")
             ),
         );
-        let audit = dir.path().join("audit.log");
-        let daemon = Daemon::start_with(&[
-            "--manifests",
-            dir.path().to_str().unwrap(),
-            "--embedded-bus",
-            "127.0.0.1:0",
-            "--audit-log",
-            audit.to_str().unwrap(),
-        ]);
+        let daemon = Daemon::start_audited(dir.path(), &dir.path().join("audit.log"));
         Served { daemon, dir }
     }
 
@@ -75,11 +67,11 @@ impl Served {
     }
 }
 
-/// The SDK client's run against `target` in `mode` (tests/python/mcp_face_client.py).
-fn sdk_client(target: &str, mode: &str, reload_cmd: &str) -> Value {
+/// One run of an MCP client program (`program` and its first arguments)
+/// against `target` in `mode`: the JSON it printed last.
+fn client_run(mut program: Command, target: &str, mode: &str, reload_cmd: &str) -> Value {
     let out = common::output_within(
-        Command::new(venv_python())
-            .arg(repo("tests/python/mcp_face_client.py"))
+        program
             .args([target, mode])
             .env("TOOLBOXD", BIN)
             .env("RELOAD_CMD", reload_cmd),
@@ -88,10 +80,17 @@ fn sdk_client(target: &str, mode: &str, reload_cmd: &str) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
-        "the SDK client failed: {stdout}\n{}",
+        "the client failed: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap()
+}
+
+/// The Python SDK client's run (tests/python/mcp_face_client.py).
+fn sdk_client(target: &str, mode: &str, reload_cmd: &str) -> Value {
+    let mut program = Command::new(venv_python());
+    program.arg(repo("tests/python/mcp_face_client.py"));
+    client_run(program, target, mode, reload_cmd)
 }
 
 /// What every run of the SDK client must have seen.
@@ -172,22 +171,11 @@ fn the_python_sdk_client_is_served_over_stdio_in_both_revisions() {
 
 /// The TypeScript SDK client's run (tests/node/mcp_face_client.mjs).
 fn node_client(target: &str, mode: &str, reload_cmd: &str) -> Value {
-    let out = common::output_within(
-        Command::new("node")
-            .arg(repo("tests/node/mcp_face_client.mjs"))
-            .args([target, mode])
-            .current_dir(repo("tests/node"))
-            .env("TOOLBOXD", BIN)
-            .env("RELOAD_CMD", reload_cmd),
-        Duration::from_secs(120),
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the TypeScript client failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_str(stdout.lines().last().unwrap_or("")).unwrap()
+    let mut program = Command::new("node");
+    program
+        .arg(repo("tests/node/mcp_face_client.mjs"))
+        .current_dir(repo("tests/node"));
+    client_run(program, target, mode, reload_cmd)
 }
 
 /// What the TypeScript client must have seen.

@@ -40,12 +40,9 @@ fn ovos_config(port: u16) -> TempDir {
 }
 
 fn run_readme_example(home: &TempDir) -> String {
-    let out = Command::new(venv_python())
+    let mut command = Command::new(venv_python());
+    let out = common::ovos_home(&mut command, home.path())
         .arg(common::repo("tests/python/readme_client.py"))
-        .env("XDG_CONFIG_HOME", home.path())
-        .env("XDG_DATA_HOME", home.path().join("data"))
-        .env("XDG_CACHE_HOME", home.path().join("cache"))
-        .env("XDG_STATE_HOME", home.path().join("state"))
         .stdin(Stdio::null())
         .output()
         .unwrap();
@@ -71,23 +68,12 @@ fn assert_example_output(stdout: &str) {
     assert!(stdout.contains("Result: {'result': 42}"), "{stdout}");
 }
 
-fn port_of(url: &str) -> u16 {
-    url.rsplit(':')
-        .next()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn readme_client_runs_unchanged_on_the_embedded_bus() {
     let dir = TempDir::new("py-embedded");
     dir.write("math.toml", &math_manifest("math"));
     let daemon = Daemon::start(dir.path());
-    let home = ovos_config(port_of(&daemon.url));
+    let home = ovos_config(common::port_of(&daemon.url));
     assert_example_output(&run_readme_example(&home));
 }
 
@@ -97,13 +83,10 @@ fn readme_client_runs_unchanged_on_the_python_messagebus() {
     // before the bus starts.
     let port = common::fixed_port();
     let home = ovos_config(port);
+    let mut command = Command::new(venv_python());
     let mut bus = common::Reaped(
-        Command::new(venv_python())
+        common::ovos_home(&mut command, home.path())
             .args(["-m", "ovos_messagebus"])
-            .env("XDG_CONFIG_HOME", home.path())
-            .env("XDG_DATA_HOME", home.path().join("data"))
-            .env("XDG_CACHE_HOME", home.path().join("cache"))
-            .env("XDG_STATE_HOME", home.path().join("state"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -136,14 +119,11 @@ fn readme_client_runs_unchanged_on_the_python_messagebus() {
 /// `port`, serving the installed ToolBox plugin `test-math-tools` in process
 /// (tests/python/phal_service.py); returned once it says it is on the bus.
 fn python_service(port: u16, home: &TempDir) -> common::Reaped {
+    let mut command = Command::new(venv_python());
     let mut service = common::Reaped(
-        Command::new(venv_python())
+        common::ovos_home(&mut command, home.path())
             .arg(common::repo("tests/python/phal_service.py"))
             .args(["127.0.0.1", &port.to_string()])
-            .env("XDG_CONFIG_HOME", home.path())
-            .env("XDG_DATA_HOME", home.path().join("data"))
-            .env("XDG_CACHE_HOME", home.path().join("cache"))
-            .env("XDG_STATE_HOME", home.path().join("state"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -67,6 +67,8 @@ pub struct Manifest {
     pub limits: Limits,
     /// When the child runs: from the start, or on demand.
     pub start: Start,
+    /// `[annotations.<tool>]`: annotations set or overridden per tool.
+    pub annotations: ToolAnnotations,
 }
 
 /// Restart policy knobs (`[restart]` in docs/manifest.md).
@@ -193,6 +195,8 @@ struct RawManifest {
     limits: Limits,
     #[serde(default)]
     start: Start,
+    #[serde(default)]
+    annotations: ToolAnnotations,
 }
 
 fn default_true() -> bool {
@@ -368,6 +372,9 @@ impl Manifest {
             .sandbox
             .validate(&dir, raw.limits.max_concurrent_calls)
             .map_err(|(key, message)| err(key_line(key), format!("[sandbox] {message}")))?;
+        raw.annotations
+            .check()
+            .map_err(|message| err(key_line("title"), message))?;
 
         Ok(Manifest {
             path: path.to_owned(),
@@ -386,6 +393,7 @@ impl Manifest {
             restart: raw.restart,
             limits: raw.limits,
             start: raw.start,
+            annotations: raw.annotations,
         })
     }
 }
@@ -595,8 +603,10 @@ pub fn load_dirs(dirs: &[PathBuf]) -> ManifestSet {
     set
 }
 
+mod annotations;
 mod sandbox;
 mod start;
+pub use annotations::{Annotations, ToolAnnotations};
 use sandbox::RawSandbox;
 pub use sandbox::{
     Network, Profile, Sandbox, SocketKind, DEFAULT_ENV_PASS, DEFAULT_PORTS, NEVER_PASSED,

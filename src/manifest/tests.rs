@@ -249,3 +249,46 @@ fn a_missing_command_is_said_relative_to_the_manifest_only_when_it_is() {
         "{e}"
     );
 }
+
+#[test]
+fn annotations_set_or_override_a_tools_and_are_checked() {
+    let m = parse(
+        "id = \"a\"\ncommand = \"sh\"\n[annotations.unlock]\ntitle = \"Unlock the door\"\n\
+         destructiveHint = true\n",
+    )
+    .unwrap();
+    let mut specs = vec![
+        crate::mcp::ToolSpec {
+            name: "unlock".into(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+            output_schema: None,
+            annotations: Some(serde_json::json!({"destructiveHint": false, "openWorldHint": true})),
+        },
+        crate::mcp::ToolSpec {
+            name: "look".into(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+            output_schema: None,
+            annotations: None,
+        },
+    ];
+    m.annotations.apply(&mut specs);
+    assert_eq!(
+        specs[0].annotations,
+        Some(
+            serde_json::json!({"title": "Unlock the door", "destructiveHint": true,
+                                "openWorldHint": true})
+        )
+    );
+    assert_eq!(specs[1].annotations, None);
+    let e =
+        parse("id = \"a\"\ncommand = \"sh\"\n[annotations.x]\ndestructive = true\n").unwrap_err();
+    assert!(e.to_string().contains("unknown field"), "{e}");
+    let long = "t".repeat(300);
+    let e = parse(&format!(
+        "id = \"a\"\ncommand = \"sh\"\n[annotations.x]\ntitle = \"{long}\"\n"
+    ))
+    .unwrap_err();
+    assert!(e.to_string().contains("at most 256"), "{e}");
+}

@@ -86,17 +86,8 @@ pub async fn serve(
     };
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.recv() => return,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!("mcp http: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
+        let Some(stream) = shutdown.accept(&listener, "mcp http").await else {
+            return;
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             tracing::warn!("mcp http: refused a connection: {MAX_CONNECTIONS} are open already");

@@ -12,6 +12,7 @@ fn tool(output_schema: Option<serde_json::Value>) -> Tool {
         description: "adds".into(),
         input_schema: json!({"type": "object"}),
         output_schema,
+        annotations: None,
     };
     Tool::compile("math", spec).expect("a tool")
 }

@@ -83,6 +83,7 @@ impl Face {
                 description: String::new(),
                 input_schema: input.clone(),
                 output_schema: output.clone(),
+                annotations: None,
             })
             .collect();
         let (tools, errors) = ToolSet::compile(&manifest.id, specs);

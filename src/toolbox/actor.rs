@@ -567,7 +567,8 @@ impl Actor {
         let limit = Duration::from_secs(self.manifest.limits.call_timeout_s);
         let max_bytes = self.manifest.limits.max_message_bytes;
         match running.serving.session.list_tools(limit, max_bytes).await {
-            Ok((specs, mut problems)) => {
+            Ok((mut specs, mut problems)) => {
+                self.manifest.annotations.apply(&mut specs);
                 let fingerprint = mcp::tools_fingerprint(&specs);
                 if self.last_specs.as_ref() == Some(&fingerprint) {
                     return;

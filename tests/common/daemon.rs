@@ -26,6 +26,18 @@ impl Daemon {
         ])
     }
 
+    /// [`Daemon::start`], writing its audit log to `audit`.
+    pub fn start_audited(manifests: &Path, audit: &Path) -> Daemon {
+        Daemon::start_with(&[
+            "--manifests",
+            manifests.to_str().unwrap(),
+            "--embedded-bus",
+            "127.0.0.1:0",
+            "--audit-log",
+            audit.to_str().unwrap(),
+        ])
+    }
+
     /// Starts `toolboxd run` with these arguments and waits for "ready".
     pub fn start_with(args: &[&str]) -> Daemon {
         Daemon::start_env(args, &[])

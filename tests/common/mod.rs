@@ -35,6 +35,28 @@ pub fn repo(path: &str) -> String {
     root().join(path).display().to_string()
 }
 
+/// `command` with its OVOS configuration, data, cache and state under
+/// `home` (the XDG directories the OVOS libraries read and write).
+pub fn ovos_home<'c>(command: &'c mut Command, home: &Path) -> &'c mut Command {
+    command
+        .env("XDG_CONFIG_HOME", home)
+        .env("XDG_DATA_HOME", home.join("data"))
+        .env("XDG_CACHE_HOME", home.join("cache"))
+        .env("XDG_STATE_HOME", home.join("state"))
+}
+
+/// The port of a `ws://HOST:PORT/ROUTE` URL.
+pub fn port_of(url: &str) -> u16 {
+    url.rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
 /// A temporary directory removed on drop.
 pub struct TempDir(pub PathBuf);
 

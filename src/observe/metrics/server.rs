@@ -67,17 +67,8 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, mut shutdown: S
     let mut next_id = 0u64;
     let mut refused = crate::util::throttle::LogBudget::new(1);
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = shutdown.recv() => return,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                tracing::warn!("metrics: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
+        let Some(stream) = shutdown.accept(&listener, "metrics").await else {
+            return;
         };
         let (served, end) = (
             Arc::new(AtomicBool::new(false)),

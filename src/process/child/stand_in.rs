@@ -10,7 +10,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch};
 
-use super::rpc::{read_stdout, write_stdin, Link, RpcHandle};
+use super::rpc::{over_pipes, RpcHandle};
 use super::{ChildEvent, ExitInfo};
 use crate::mcp;
 
@@ -82,26 +82,8 @@ pub(crate) fn stand_in(
     max_message_bytes: usize,
     answer: AnswerFn,
 ) -> (RpcHandle, StandIn) {
-    let (daemon_stdin, child_stdin) = tokio::io::duplex(64 * 1024);
-    let (mut child_stdout, daemon_stdout) = tokio::io::duplex(64 * 1024);
-    let (lines_tx, lines_rx) = mpsc::unbounded_channel();
-    let (link, queued) = Link::new(
-        toolbox.to_owned(),
-        0,
-        lines_tx,
-        max_message_bytes,
-        Box::new(|| {}),
-    );
-    let (events_tx, events) = mpsc::unbounded_channel();
-    let (exit_tx, exit_rx) = watch::channel(None);
-    tokio::spawn(write_stdin(daemon_stdin, lines_rx, queued));
-    tokio::spawn(read_stdout(
-        link.clone(),
-        daemon_stdout,
-        max_message_bytes,
-        events_tx,
-        exit_rx,
-    ));
+    let piped = over_pipes(toolbox, max_message_bytes, 64 * 1024, Box::new(|| {}));
+    let (child_stdin, mut child_stdout) = (piped.child_stdin, piped.child_stdout);
     let (heard, seen) = watch::channel(Vec::new());
     let (out_tx, mut out_rx) = mpsc::unbounded_channel::<Vec<u8>>();
     tokio::spawn(async move {
@@ -148,8 +130,8 @@ pub(crate) fn stand_in(
     });
     let child = StandIn {
         seen,
-        _exit: exit_tx,
-        _events: events,
+        _exit: piped.exit,
+        _events: piped.events,
     };
-    (RpcHandle { link }, child)
+    (piped.rpc, child)
 }

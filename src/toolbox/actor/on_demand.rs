@@ -136,7 +136,8 @@ impl Actor {
     /// Lists the toolbox from its cached catalog, idle; `None` when no
     /// cache holds for this manifest (or its tools no longer compile).
     fn list_from_cache(&mut self) -> Option<Mode> {
-        let cached = crate::catalog_cache::load(&self.manifest)?;
+        let mut cached = crate::catalog_cache::load(&self.manifest)?;
+        self.manifest.annotations.apply(&mut cached.tools);
         let fingerprint = crate::mcp::tools_fingerprint(&cached.tools);
         let (tools, rejected) = ToolSet::compile(&self.manifest.id, cached.tools);
         if tools.fits_on_the_bus().is_err() {

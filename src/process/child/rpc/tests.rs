@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines};
 use tokio::sync::{mpsc, watch};
 
-use super::{read_stdout, write_stdin, Kept, Link, RpcFailure, RpcHandle};
+use super::{Kept, RpcFailure, RpcHandle};
 use crate::cancel::Cancel;
 use crate::process::child::{ChildEvent, ExitInfo};
 
@@ -34,36 +34,18 @@ struct FakeChild {
 /// A link whose stdin budget and stdout line limit are both `max` bytes, and
 /// whose child's stdin pipe holds `pipe` bytes.
 fn start(max: usize, pipe: usize) -> FakeChild {
-    let (daemon_stdin, child_stdin) = tokio::io::duplex(pipe);
-    let (child_stdout, daemon_stdout) = tokio::io::duplex(64 * 1024);
-    let (lines_tx, lines_rx) = mpsc::unbounded_channel();
     let kills = Arc::new(AtomicUsize::new(0));
     let counted = kills.clone();
-    let (link, queued) = Link::new(
-        "test".to_owned(),
-        4242,
-        lines_tx,
-        max,
-        Box::new(move || {
-            counted.fetch_add(1, Ordering::SeqCst);
-        }),
-    );
-    let (events_tx, events) = mpsc::unbounded_channel();
-    let (exit_tx, exit_rx) = watch::channel(None);
-    tokio::spawn(write_stdin(daemon_stdin, lines_rx, queued));
-    tokio::spawn(read_stdout(
-        link.clone(),
-        daemon_stdout,
-        max,
-        events_tx,
-        exit_rx,
-    ));
+    let kill = Box::new(move || {
+        counted.fetch_add(1, Ordering::SeqCst);
+    });
+    let piped = super::over_pipes("test", max, pipe, kill);
     FakeChild {
-        rpc: RpcHandle { link },
-        stdin: BufReader::new(child_stdin).lines(),
-        stdout: child_stdout,
-        events,
-        _exit: exit_tx,
+        rpc: piped.rpc,
+        stdin: BufReader::new(piped.child_stdin).lines(),
+        stdout: piped.child_stdout,
+        events: piped.events,
+        _exit: piped.exit,
         kills,
     }
 }
