@@ -372,6 +372,27 @@ fn the_http_face_refuses_foreign_origins_and_wants_its_token() {
     assert_eq!(status, 401);
     let (status, body) = http(&url, "POST", &[("Authorization", "Bearer s3cret")], list);
     assert_eq!(status, 200, "{body}");
+    let (status, _) = http(&url, "POST", &[("Authorization", "bearer s3cret")], list);
+    assert_eq!(status, 200, "the scheme is case-insensitive");
+    // A body that never comes does not hold the connection.
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, _) = rest.split_once('/').unwrap();
+    let mut stalled = std::net::TcpStream::connect(host).unwrap();
+    stalled
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stalled
+        .write_all(
+            format!(
+                "POST /mcp HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer s3cret\r\n\
+                 Content-Length: 100\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let mut answer = String::new();
+    let _ = std::io::Read::read_to_string(&mut stalled, &mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
 
     // Off loopback, no token: it does not start, and says why.
     let out = common::output_within(
@@ -390,7 +411,7 @@ fn the_http_face_refuses_foreign_origins_and_wants_its_token() {
 
 /// `toolboxd mcp` over stdio, driven line by line.
 struct StdioFace {
-    _process: Reaped,
+    process: Reaped,
     stdin: std::process::ChildStdin,
     lines: mpsc::Receiver<String>,
 }
@@ -413,7 +434,7 @@ impl StdioFace {
             }
         });
         StdioFace {
-            _process: Reaped(child),
+            process: Reaped(child),
             stdin,
             lines,
         }
@@ -439,10 +460,44 @@ impl StdioFace {
         }
     }
 
+    /// The next message, a notification or not.
+    fn ask_first(&mut self, line: &str) -> Value {
+        self.send(line);
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a message within 20 s");
+        serde_json::from_str(&line).unwrap()
+    }
+
     fn ask(&mut self, line: &str) -> Value {
         self.send(line);
         self.answer()
     }
+}
+
+#[test]
+fn a_client_that_goes_away_leaves_no_face_behind() {
+    let served = Served::start();
+    let mut face = StdioFace::start(&served.daemon.url);
+    let listening = face.ask_first(
+        r#"{"jsonrpc":"2.0","id":1,"method":"subscriptions/listen","params":{"notifications":{"toolsListChanged":true},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}"#,
+    );
+    assert_eq!(
+        listening["method"],
+        "notifications/subscriptions/acknowledged"
+    );
+    face.send(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"forever","arguments":{}}}"#);
+    drop(face.stdin);
+    let mut process = face.process;
+    let exited = (0..200).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        process.0.try_wait().unwrap()
+    });
+    assert!(
+        exited.is_some(),
+        "toolboxd mcp still runs after its client left"
+    );
 }
 
 #[test]
@@ -497,6 +552,18 @@ fn garbage_oversize_unknown_and_a_bus_that_is_down_get_clear_errors_and_the_face
         ok["result"]["structuredContent"],
         json!({"result": 42}),
         "{ok}"
+    );
+
+    // Two requests in flight under one id: the second is refused.
+    face.send(r#"{"jsonrpc":"2.0","id":"dup","method":"tools/call","params":{"name":"forever","arguments":{}}}"#);
+    let dup = face.ask(r#"{"jsonrpc":"2.0","id":"dup","method":"tools/call","params":{"name":"add","arguments":{"a":1,"b":1}}}"#);
+    assert_eq!(dup["error"]["code"], -32600, "{dup}");
+    assert!(dup["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("in flight already"));
+    face.send(
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"dup"}}"#,
     );
 
     // The bus goes away (with the daemon that embeds it): a call is a clear

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use super::relay::{Relay, RelayError};
 use crate::bus::envelope::Object;
@@ -39,15 +39,66 @@ const VERSION_KEY: &str = "io.modelcontextprotocol/protocolVersion";
 const SUBSCRIPTION_KEY: &str = "io.modelcontextprotocol/subscriptionId";
 
 /// The MCP conversations of one transport: the calls and listen streams
-/// in flight (by JSON-RPC id), so a `notifications/cancelled` finds them.
+/// in flight, bounded, and (over stdio) by JSON-RPC id, so that a
+/// `notifications/cancelled` finds them.
 pub struct Conversation {
     /// The bus.
     relay: Arc<Relay>,
-    /// What a cancellation ends, by the request's id (as JSON text).
-    in_flight: Mutex<HashMap<String, oneshot::Sender<()>>>,
+    /// What a cancellation ends, by the request's id (as JSON text); `None`
+    /// over HTTP, where the ids of different clients may be the same and a
+    /// client cancels by closing its response stream.
+    in_flight: Option<Mutex<HashMap<String, oneshot::Sender<()>>>>,
+    /// Calls in flight at once ([`MAX_CALLS`]).
+    calls: Arc<Semaphore>,
+    /// Listen streams open at once ([`MAX_LISTENS`]).
+    listens: Arc<Semaphore>,
     /// A client did the legacy handshake: catalog changes are told to it as
     /// they happen (a modern client asks with `subscriptions/listen`).
     legacy: AtomicBool,
+}
+
+/// Calls a conversation has in flight at once; one more is refused.
+const MAX_CALLS: usize = 256;
+/// Listen streams a conversation keeps open at once; one more is refused.
+const MAX_LISTENS: usize = 16;
+/// The shortest time between two progress notifications of one call: a
+/// flood of reports (a bus client may forge them) is coalesced, the latest
+/// wins.
+const PROGRESS_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// A request's place among those in flight: its slot, and the cancellation
+/// it listens for; given back when dropped.
+struct InFlight {
+    /// Fires when a `notifications/cancelled` names the request.
+    cancelled: Option<oneshot::Receiver<()>>,
+    /// Its key in the table, removed when it ends.
+    key: Option<String>,
+    /// The conversation, to remove it from.
+    conversation: Arc<Conversation>,
+    /// Its slot among [`MAX_CALLS`] or [`MAX_LISTENS`].
+    _slot: OwnedSemaphorePermit,
+}
+
+impl InFlight {
+    /// Resolves when a `notifications/cancelled` names the request (never
+    /// over HTTP, nor once its table entry was replaced).
+    async fn cancelled(&mut self) {
+        if let Some(cancelled) = &mut self.cancelled {
+            if cancelled.await.is_ok() {
+                return;
+            }
+            self.cancelled = None;
+        }
+        std::future::pending().await
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let (Some(key), Some(table)) = (&self.key, &self.conversation.in_flight) {
+            table.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        }
+    }
 }
 
 /// One request, as the conversation reads it.
@@ -62,13 +113,59 @@ struct Asked {
 }
 
 impl Conversation {
-    /// Conversations relayed to the bus through `relay`.
-    pub fn new(relay: Arc<Relay>) -> Arc<Conversation> {
+    /// Conversations relayed to the bus through `relay`; `by_id`: a
+    /// `notifications/cancelled` ends the request it names (one client:
+    /// stdio).
+    pub fn new(relay: Arc<Relay>, by_id: bool) -> Arc<Conversation> {
         Arc::new(Conversation {
             relay,
-            in_flight: Mutex::default(),
+            in_flight: by_id.then(Mutex::default),
+            calls: Arc::new(Semaphore::new(MAX_CALLS)),
+            listens: Arc::new(Semaphore::new(MAX_LISTENS)),
             legacy: AtomicBool::new(false),
         })
+    }
+
+    /// Takes a place for request `id` among those of `slots`, or says why
+    /// not (all taken; an id already in flight).
+    fn enter(
+        self: &Arc<Self>,
+        id: &Value,
+        slots: &Arc<Semaphore>,
+        most: usize,
+    ) -> Result<InFlight, String> {
+        let slot = slots.clone().try_acquire_owned().map_err(|_| {
+            format!("too many requests of this kind in flight ({most} at most); wait for answers")
+        })?;
+        let (key, cancelled) = match &self.in_flight {
+            None => (None, None),
+            Some(table) => {
+                let key = id.to_string();
+                let mut table = table.lock().unwrap_or_else(|e| e.into_inner());
+                if table.contains_key(&key) {
+                    return Err(format!("a request with id {key} is in flight already"));
+                }
+                let (cancel, cancelled) = oneshot::channel();
+                table.insert(key.clone(), cancel);
+                (Some(key), Some(cancelled))
+            }
+        };
+        Ok(InFlight {
+            cancelled,
+            key,
+            conversation: self.clone(),
+            _slot: slot,
+        })
+    }
+
+    /// Cancels every request in flight (the client went away).
+    pub fn cancel_all(&self) {
+        if let Some(table) = &self.in_flight {
+            let mut table = table.lock().unwrap_or_else(|e| e.into_inner());
+            for (_, cancel) in table.drain() {
+                let _ = cancel.send(());
+            }
+        }
     }
 
     /// The bus this conversation relays to.
@@ -80,11 +177,6 @@ impl Conversation {
     /// told to it as they happen, on a transport that can).
     pub fn is_legacy(&self) -> bool {
         self.legacy.load(Ordering::Relaxed)
-    }
-
-    fn in_flight(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<()>>> {
-        // Map code only under this lock.
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Answers one incoming message on `out`: a request gets exactly one
@@ -166,8 +258,12 @@ impl Conversation {
     /// nothing.
     fn notified(&self, method: &str, params: &Map<String, Value>) {
         if method == "notifications/cancelled" {
-            if let Some(id) = params.get("requestId") {
-                if let Some(cancel) = self.in_flight().remove(&id.to_string()) {
+            if let (Some(id), Some(table)) = (params.get("requestId"), &self.in_flight) {
+                let cancel = table
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id.to_string());
+                if let Some(cancel) = cancel {
                     let _ = cancel.send(());
                 }
             }
@@ -234,9 +330,10 @@ impl Conversation {
             .get("_meta")
             .and_then(|m| m.get("progressToken"))
             .cloned();
-        let (cancel, cancelled) = oneshot::channel();
-        let key = asked.id.to_string();
-        self.in_flight().insert(key.clone(), cancel);
+        let mut flight = match self.enter(&asked.id, &self.calls, MAX_CALLS) {
+            Ok(flight) => flight,
+            Err(why) => return send_error(out, asked.id, INVALID_REQUEST, &why, None),
+        };
         let (this, out) = (self.clone(), out.clone());
         tokio::spawn(async move {
             let mut entry = this.relay.catalog().get(&name).cloned();
@@ -244,11 +341,10 @@ impl Conversation {
                 entry = this.relay.refresh().await.get(&name).cloned();
             }
             let Some(entry) = entry else {
-                this.in_flight().remove(&key);
                 let text = format!("Unknown tool: '{name}' (tools/list names the tools there are)");
                 return send_error(&out, asked.id, INVALID_PARAMS, &text, None);
             };
-            let (progress_tx, mut progress_rx) = mpsc::unbounded_channel::<Object>();
+            let (progress_tx, mut progress_rx) = watch::channel::<Option<Object>>(None);
             let progress = token.is_some().then_some(progress_tx);
             // A cancellation, or the client gone: over streamable HTTP in the
             // current revision, closing the response stream is how a client
@@ -256,7 +352,7 @@ impl Conversation {
             let gone = out.clone();
             let cancelled = async move {
                 tokio::select! {
-                    _ = cancelled => {}
+                    () = flight.cancelled() => {}
                     () = gone.closed() => {}
                 }
             };
@@ -264,17 +360,23 @@ impl Conversation {
                 this.relay
                     .call(&entry.toolbox, &entry.name, arguments, progress, cancelled);
             tokio::pin!(relayed);
+            let mut reporting = token.is_some();
             let answer = loop {
                 tokio::select! {
                     answer = &mut relayed => break answer,
-                    Some(report) = progress_rx.recv() => {
-                        if let Some(token) = &token {
-                            let _ = out.send(progress_notification(token, &report));
+                    changed = progress_rx.changed(), if reporting => {
+                        let report = progress_rx.borrow_and_update().clone();
+                        match (changed, report, &token) {
+                            (Err(_), ..) => reporting = false,
+                            (Ok(()), Some(report), Some(token)) => {
+                                let _ = out.send(progress_notification(token, &report));
+                                tokio::time::sleep(PROGRESS_INTERVAL).await;
+                            }
+                            _ => {}
                         }
                     }
                 }
             };
-            this.in_flight().remove(&key);
             match answer {
                 Err(RelayError::Cancelled) => {}
                 Ok(data) => send_result(&out, &asked, call_result(data)),
@@ -299,13 +401,14 @@ impl Conversation {
         } else {
             json!({})
         };
+        let mut flight = match self.enter(&asked.id, &self.listens, MAX_LISTENS) {
+            Ok(flight) => flight,
+            Err(why) => return send_error(out, asked.id, INVALID_REQUEST, &why, None),
+        };
         let _ = out.send(
             json!({"jsonrpc": "2.0", "method": "notifications/subscriptions/acknowledged",
                                 "params": {"notifications": honored, "_meta": meta}}),
         );
-        let (cancel, mut cancelled) = oneshot::channel();
-        let key = asked.id.to_string();
-        self.in_flight().insert(key.clone(), cancel);
         let (this, out) = (self.clone(), out.clone());
         tokio::spawn(async move {
             let mut changes = this.relay.changes();
@@ -323,11 +426,11 @@ impl Conversation {
                             break;
                         }
                     }
-                    _ = &mut cancelled => break,
+                    () = flight.cancelled() => break,
                     () = out.closed() => break,
                 }
             }
-            this.in_flight().remove(&key);
+            drop(flight);
             let mut result = json!({"_meta": meta});
             result["resultType"] = json!("complete");
             let _ = out.send(json!({"jsonrpc": "2.0", "id": asked.id, "result": result}));

@@ -36,6 +36,8 @@ pub const PATH: &str = "/mcp";
 const MAX_CONNECTIONS: usize = 64;
 /// How long a client may take to send a request's headers.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send a request's body.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A response body: whole, or a stream of events.
 type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -66,7 +68,7 @@ struct Door {
 
 /// Binds `addr`, refusing to serve off loopback without `token`.
 pub async fn bind(addr: SocketAddr, token: Option<&str>) -> Result<TcpListener, HttpError> {
-    if !addr.ip().is_loopback() && token.is_none() {
+    if !addr.ip().is_loopback() && token.is_none_or(|t| t.trim().is_empty()) {
         return Err(HttpError::NoToken { addr });
     }
     TcpListener::bind(addr)
@@ -124,6 +126,19 @@ fn text(status: StatusCode, body: &str) -> Response<Body> {
     plain(status, "text/plain; charset=utf-8", format!("{body}\n"))
 }
 
+/// Whether `given` is `secret`, compared in time that does not depend on
+/// where they differ.
+fn same_secret(given: &str, secret: &str) -> bool {
+    let (given, secret) = (given.as_bytes(), secret.as_bytes());
+    let differ = given
+        .iter()
+        .zip(secret)
+        .fold(given.len() ^ secret.len(), |acc, (a, b)| {
+            acc | usize::from(a ^ b)
+        });
+    differ == 0
+}
+
 /// Whether `origin` (an `Origin` header) names a page of this machine.
 fn loopback_origin(origin: &str) -> bool {
     let Some(rest) = origin
@@ -167,8 +182,10 @@ async fn respond(
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(&**token) {
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, given)| given.trim());
+        if !given.is_some_and(|given| same_secret(given, token)) {
             let mut refused = text(
                 StatusCode::UNAUTHORIZED,
                 "a bearer token is required (Authorization: Bearer <TOOLBOXD_MCP_TOKEN>)",
@@ -195,15 +212,23 @@ async fn respond(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
-    let body = match Limited::new(request.into_body(), MAX_LINE_BYTES)
-        .collect()
-        .await
-    {
-        Ok(body) => body.to_bytes(),
-        Err(_) => {
+    // A body that never comes must not hold the connection's slot.
+    let body = Limited::new(request.into_body(), MAX_LINE_BYTES).collect();
+    let body = match tokio::time::timeout(BODY_TIMEOUT, body).await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(_)) => {
             return text(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 &format!("a message is at most {MAX_LINE_BYTES} bytes"),
+            )
+        }
+        Err(_) => {
+            return text(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "the message did not arrive within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
             )
         }
     };
@@ -276,6 +301,15 @@ async fn respond(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_secret_is_the_same_only_when_every_byte_is() {
+        assert!(same_secret("s3cret", "s3cret"));
+        assert!(!same_secret("s3cre", "s3cret"));
+        assert!(!same_secret("s3cret!", "s3cret"));
+        assert!(!same_secret("S3cret", "s3cret"));
+        assert!(!same_secret("", "s3cret"));
+    }
 
     #[test]
     fn only_pages_of_this_machine_are_loopback_origins() {

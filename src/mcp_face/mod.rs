@@ -39,13 +39,16 @@ pub struct McpOptions {
 }
 
 /// Serves the MCP face until stdin ends (stdio) or `shutdown` (HTTP).
-pub async fn serve(options: McpOptions, shutdown: Shutdown) -> Result<(), HttpError> {
+pub async fn serve(mut options: McpOptions, shutdown: Shutdown) -> Result<(), HttpError> {
+    // An empty token is no token.
+    options.token = options.token.filter(|t| !t.trim().is_empty());
     let listener = match options.http {
         Some(addr) => Some(http::bind(addr, options.token.as_deref()).await?),
         None => None,
     };
     let relay = relay::Relay::start(options.bus, options.call_wait, shutdown.clone());
-    let conversation = conversation::Conversation::new(relay);
+    // Over stdio one client: a cancellation names its request by id.
+    let conversation = conversation::Conversation::new(relay, listener.is_none());
     match listener {
         Some(listener) => {
             if let Ok(addr) = listener.local_addr() {

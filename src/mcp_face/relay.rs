@@ -61,8 +61,9 @@ struct Waiting {
 struct CallWaiter {
     /// Its answer's data.
     answer: oneshot::Sender<Object>,
-    /// Its progress messages' data.
-    progress: Option<mpsc::UnboundedSender<Object>>,
+    /// Its progress messages' data, the latest only (a bus client may send
+    /// any number, forged ones too).
+    progress: Option<watch::Sender<Option<Object>>>,
 }
 
 /// The bus as the MCP face uses it. Shared by every MCP conversation.
@@ -177,7 +178,7 @@ impl Relay {
             }
         } else if let Some(progress) = waiting.calls.get(session).and_then(|w| w.progress.as_ref())
         {
-            let _ = progress.send(message.data);
+            progress.send_replace(Some(message.data));
         }
     }
 
@@ -265,7 +266,7 @@ impl Relay {
         toolbox: &str,
         name: &str,
         arguments: Value,
-        progress: Option<mpsc::UnboundedSender<Object>>,
+        progress: Option<watch::Sender<Option<Object>>>,
         cancelled: impl Future<Output = ()>,
     ) -> Result<Object, RelayError> {
         if !*self.connected.borrow() {

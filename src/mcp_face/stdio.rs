@@ -85,6 +85,9 @@ where
         }
     }
     watcher.abort();
+    // The client is gone: what it asked for is cancelled (its calls told to
+    // stop on the bus, its listen streams ended), so the face can exit.
+    conversation.cancel_all();
     drop(out);
     // What is still being answered goes out first (calls in flight hold a
     // sender each; they end within their wait).
