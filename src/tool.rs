@@ -78,7 +78,19 @@ fn validator(schema: &Value) -> Result<jsonschema::Validator, String> {
         // grows with it.
         .with_pattern_options(jsonschema::PatternOptions::regex().size_limit(256 * 1024))
         .build(schema)
-        .map_err(|e| format!("does not compile: {e} (patterns use the regex crate's syntax: no look-around or back-references)"))
+        .map_err(|e| {
+            // Where in the schema: a misspelt type deep in it is found at once.
+            let at = e.instance_path().to_string();
+            let at = if at.is_empty() {
+                String::new()
+            } else {
+                format!(" at {at}")
+            };
+            format!(
+                "does not compile{at}: {e} (patterns use the regex crate's syntax: no \
+                 look-around or back-references)"
+            )
+        })
 }
 
 /// The most values any `enum` in `schema` lists (schemas nest at most as
@@ -319,6 +331,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_schema_that_does_not_compile_is_said_with_where() {
+        let spec = ToolSpec {
+            name: "t".into(),
+            description: String::new(),
+            input_schema: json!({"type": "object",
+                                 "properties": {"when": {"type": "integr"}}}),
+            output_schema: None,
+            annotations: None,
+        };
+        let why = Tool::compile("box", spec).unwrap_err();
+        assert!(why.contains("at /properties/when/type"), "{why}");
+    }
+
+    #[test]
     fn patterns_run_without_backtracking_and_large_enums_are_refused() {
         // Nested quantifiers: exponential for a backtracking engine on a
         // near miss; linear here, and answered.
@@ -527,8 +553,11 @@ mod tests {
         assert_eq!(set.get("mul").unwrap().name, "mul");
         assert!(set.get("bad_in").is_none() && set.get("nope").is_none());
         assert_eq!(problems.len(), 3, "{problems:?}");
-        assert!(problems[0].starts_with("tool \"bad_in\": its inputSchema does not compile: "));
-        assert!(problems[1].starts_with("tool \"bad_out\": its outputSchema does not compile: "));
+        assert!(
+            problems[0].starts_with("tool \"bad_in\": its inputSchema does not compile at /type: ")
+        );
+        assert!(problems[1]
+            .starts_with("tool \"bad_out\": its outputSchema does not compile at /type: "));
         assert_eq!(problems[2], "tool \"add\": its name is listed twice");
 
         let (empty, problems) = ToolSet::compile("math", Vec::new());
