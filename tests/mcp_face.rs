@@ -566,10 +566,13 @@ fn garbage_oversize_unknown_and_a_bus_that_is_down_get_clear_errors_and_the_face
         r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":"dup"}}"#,
     );
 
-    // The bus goes away (with the daemon that embeds it): a call is a clear
-    // tool error, at once, and the listing the last one known.
+    // The bus goes away (with the daemon that embeds it, killed: a SIGTERM
+    // would first drain and stop the toolboxes, and a listing read in the
+    // drain truthfully names none): a call is a clear tool error, at once,
+    // and the listing the last one known.
     let mut served = served;
-    served.daemon.stop();
+    served.daemon.child.kill().unwrap();
+    served.daemon.wait_exit(Duration::from_secs(10));
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let call = loop {
         let call = face.ask(
