@@ -377,6 +377,10 @@ pub fn status_table(rows: &Value) -> String {
             ms("p99_ms"),
             last
         ));
+        // What its sandbox refused, explained: under its row.
+        for hint in r["sandbox_refused"].as_array().into_iter().flatten() {
+            out.push_str(&format!("    {}\n", hint.as_str().unwrap_or("?")));
+        }
     }
     out
 }

@@ -509,6 +509,7 @@ pub fn status(catalog: &Catalog) -> Value {
                 "last_exit": s.last_exit,
                 "era": s.era,
                 "sandbox": s.sandbox,
+                "sandbox_refused": entry.handle.stats().stderr.refusals.recent(),
                 "cold_start_ms": ms(s.cold_start),
                 "uptime_s": entry.handle.uptime().map(|u| u.as_secs()),
                 "calls_ok": s.calls_ok,

@@ -438,3 +438,139 @@ async fn a_toolbox_runs_as_its_own_user_when_the_daemon_is_root() {
     );
     assert_eq!(daemon.status("box")["state"], "ready");
 }
+
+#[tokio::test]
+async fn a_refused_path_is_named_with_the_key_that_would_allow_it() {
+    // A toolbox reads a file outside its sandbox: the operator sees the
+    // path and the manifest line that would allow it, in status, in
+    // `ctl logs`, and in a failed start's report.
+    let data = TempDir::outside("refused");
+    let file = data.write("notes.txt", "private");
+    let dir = TempDir::new("sandbox-refused");
+    let manifest = dir.write("box.toml", &inspector("box", ""));
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let answer = bus
+        .call("box", "read_file", json!({"path": file.to_str().unwrap()}))
+        .await;
+    let error = answer["error"].as_str().unwrap_or_default();
+    assert!(error.contains("Permission denied"), "{answer}");
+    let allow = format!(
+        "read_only = [\"{}\"] under [sandbox] in {}",
+        data.path().display(),
+        manifest.display()
+    );
+    let status = daemon.status("box");
+    let refused = status["sandbox_refused"].to_string();
+    assert!(refused.contains(file.to_str().unwrap()), "{status}");
+    assert!(refused.contains(&allow.replace('"', "\\\"")), "{status}");
+    let (code, table, _) = daemon.ctl(&["status"]);
+    assert_eq!(code, 0);
+    assert!(table.contains(&allow), "{table}");
+    let (code, logs, _) = daemon.ctl(&["logs", "box"]);
+    assert_eq!(code, 0);
+    assert!(logs.contains(&allow), "{logs}");
+    // Its own files, the system and its state stay quiet: only what the
+    // sandbox refused is explained.
+    let seen = inspect(&mut bus, "box", json!({"read": "/etc/hostname"})).await;
+    assert_eq!(seen["read"], "ok");
+    assert_eq!(
+        daemon.status("box")["sandbox_refused"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // A child that fails its start for want of a path: the failure says why.
+    let failing = TempDir::new("sandbox-refused-start");
+    let manifest = failing.write(
+        "reader.toml",
+        &format!(
+            "id = \"reader\"\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"cat {} >&2; exit 3\"]\n",
+            file.display()
+        ),
+    );
+    let out = common::output_within(
+        Command::new(BIN).args([
+            "check",
+            "--probe",
+            "--manifests",
+            failing.path().to_str().unwrap(),
+        ]),
+        common::ANSWER_DEADLINE * 2,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains(&format!(
+            "read_only = [\"{}\"] under [sandbox] in {}",
+            data.path().display(),
+            manifest.display()
+        )),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_directory_argument_is_read_only_and_opens_nothing_beside_it() {
+    // `--repository DIR`: the toolbox may read DIR (a git server needs
+    // to), never write it, and nothing next to it; its env may name its
+    // state directory.
+    let data = TempDir::outside("dir-arg");
+    let inside = data.write("inside.txt", "mine");
+    let beside = TempDir::outside("dir-arg-beside");
+    let other = beside.write("other.txt", "not mine");
+    let dir = TempDir::new("sandbox-dir-arg");
+    dir.write(
+        "box.toml",
+        &format!(
+            "id = \"box\"\ncommand = \"python3\"\nargs = [\"{}\", \"--repository\", \"{}\"]\n\
+             env = {{ MEMORY_FILE_PATH = \"$TOOLBOXD_STATE_DIR/memory.json\", \
+             KEPT = \"${{NOT_OURS}}/x\" }}\n",
+            repo("tests/fixtures/faulty_toolbox.py"),
+            data.path().display()
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut bus = Bus::connect(&daemon.url).await;
+    let seen = inspect(
+        &mut bus,
+        "box",
+        json!({"read": inside.to_str().unwrap(), "write": data.path().join("new.txt").to_str().unwrap()}),
+    )
+    .await;
+    assert_eq!(seen["read"], "ok", "{seen}");
+    assert_eq!(seen["write"], "Permission denied", "{seen}");
+    assert!(!data.path().join("new.txt").exists());
+    let seen = inspect(&mut bus, "box", json!({"read": other.to_str().unwrap()})).await;
+    assert_eq!(seen["read"], "Permission denied", "{seen}");
+    let env = &seen["env"];
+    assert_eq!(
+        env["MEMORY_FILE_PATH"].as_str().unwrap(),
+        format!(
+            "{}/memory.json",
+            env["TOOLBOXD_STATE_DIR"].as_str().unwrap()
+        )
+    );
+    assert_eq!(env["KEPT"], "${NOT_OURS}/x");
+    // check --sandbox lists it, and why.
+    let out = common::output_within(
+        Command::new(BIN).args([
+            "check",
+            "--sandbox",
+            "--manifests",
+            dir.path().to_str().unwrap(),
+        ]),
+        common::ANSWER_DEADLINE,
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "reads  {}  (a directory its arguments name (read only))",
+            data.path().display()
+        )),
+        "{text}"
+    );
+    assert!(!text.contains(beside.path().to_str().unwrap()), "{text}");
+}

@@ -171,6 +171,13 @@ impl Pipeline {
         if !callers {
             admission.finished(answer.is_ok(), call.request.arrived.elapsed());
         }
+        if let Err(Failure::Tool { text }) = &answer {
+            let pid = handle.pids().first().copied().unwrap_or(0);
+            handle
+                .stats()
+                .stderr
+                .read_tool_error(&call.toolbox, pid, text);
+        }
         answer
     }
 

@@ -71,6 +71,19 @@ impl TempDir {
         TempDir(dir)
     }
 
+    /// A directory outside /tmp (a toolbox's /tmp is its own) and outside
+    /// this repository (which the fixtures' toolboxes may read, as their
+    /// project): what a toolbox may reach only if its manifest says so.
+    pub fn outside(tag: &str) -> TempDir {
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = PathBuf::from("/var/tmp")
+            .join(format!("toolboxd-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
     /// A directory the tests' toolboxes may write in (`read_write`): under a
     /// root daemon each runs as a user of its own, which a root-owned 0755
     /// directory would refuse.

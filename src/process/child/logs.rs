@@ -83,6 +83,8 @@ pub struct LogLine {
 pub struct StderrLog {
     /// The lines, oldest first, and their text's total size.
     ring: Mutex<(std::collections::VecDeque<LogLine>, usize)>,
+    /// Paths its sandbox refused, explained: read from these lines.
+    pub refusals: crate::process::sandbox::refusal::Refusals,
 }
 
 impl StderrLog {
@@ -100,6 +102,14 @@ impl StderrLog {
             if let Some(old) = lines.pop_front() {
                 *bytes -= old.text.len();
             }
+        }
+    }
+
+    /// Reads a tool's error text of toolbox `toolbox` (its serving child
+    /// `pid`): a path its sandbox refused is explained, here and in the log.
+    pub fn read_tool_error(&self, toolbox: &str, pid: u32, text: &str) {
+        if let Some(hint) = self.refusals.read(toolbox, text) {
+            self.push(pid, format!("toolboxd: a tool's error: {hint}"));
         }
     }
 
@@ -190,7 +200,11 @@ pub(super) async fn forward_stderr(
             flood(dropped);
             tracing::info!(target: "toolboxd::stderr", toolbox = %toolbox, pid, "{text}");
         }
+        let hint = log.refusals.read(&toolbox, &text);
         log.push(pid, text);
+        if let Some(hint) = hint {
+            log.push(pid, format!("toolboxd: {hint}"));
+        }
     }
     flood(budget.take_dropped());
     let _ = closed.send(true);

@@ -278,6 +278,10 @@ impl Child {
             keeper.watch(pid);
         }
         let (cgroup, kept, keeper) = (started.cgroup.take(), started.kept.take(), started.keeper);
+        // Its refusals are explained against what it may reach.
+        stderr_log
+            .refusals
+            .started(kept.as_ref().and_then(|k| k.reach.clone()));
         let group = Arc::new(Group::new(pid));
 
         let (stdin_tx, stdin_rx) = mpsc::unbounded_channel();

@@ -16,6 +16,8 @@ pub mod landlock;
 pub mod limits;
 pub mod mounts;
 mod network;
+pub mod reach;
+pub mod refusal;
 mod report;
 pub mod seccomp;
 mod state_dir;
@@ -28,6 +30,7 @@ use state_dir::make_dir;
 pub use state_dir::{state_dir_of, state_over, state_root};
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use nix::sys::resource::Resource;
@@ -143,6 +146,8 @@ pub struct Plan {
     landlock: landlock::Prepared,
     /// Its system-call filter.
     seccomp: seccomp::Prepared,
+    /// What it may read and write, path by path: kept to explain a refusal.
+    pub reach: std::sync::Arc<reach::Reach>,
 }
 
 /// Prepares the sandbox `manifest` declares, for one spawn: reads the
@@ -219,31 +224,31 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
     }
     let env = environment(manifest, &state_dir, &tmp_dir)?;
     let (tcp, sockets) = network(sandbox);
-    let mut read_write = vec![state_dir.clone()];
-    if !private_view {
-        // Its tmp, and shared memory, where OVOS libraries keep their locks
-        // (shared between toolboxes without a private view).
-        read_write.push(tmp_dir.clone());
-        read_write.extend(
-            SHARED_MEMORY
-                .iter()
-                .map(PathBuf::from)
-                .filter(|p| p.exists()),
-        );
-    }
-    read_write.extend(sandbox.read_write.iter().cloned());
     let limits = limits::set_up(&manifest.id, v2_cgroup, sandbox)?;
     warn_once_not_enforced(&manifest.id, &limits.how);
+    let mut reach = reach_of(manifest, &state_dir, (!private_view).then_some(&tmp_dir));
     // Of the cgroup tree, only its own groups (where a runtime reads its
     // limits): the others list every toolbox's processes.
-    let mut read = own_read_paths(manifest);
-    read.extend(limits.dirs().iter().cloned());
-    read.extend(v2_cgroup.map(Path::to_path_buf));
-    let policy = landlock::FsPolicy::standard(read, read_write, tcp);
+    let cgroups = limits
+        .dirs()
+        .iter()
+        .cloned()
+        .chain(v2_cgroup.map(Path::to_path_buf));
+    reach.read.extend(cgroups.map(|path| reach::Grant {
+        path,
+        why: "its own cgroups",
+    }));
+    let policy = landlock::FsPolicy::standard(reach.read_paths(), reach.write_paths(), tcp);
     let mut landlock = landlock::prepare(&policy)?;
     let view = if private_view {
         let view = mounts::prepare(&policy.read, &policy.read_write, sandbox.memory_max_mib)?;
         landlock.grant_writable_in_child(view.writable.clone());
+        reach
+            .write
+            .extend(view.writable.iter().map(|path| reach::Grant {
+                path: PathBuf::from(std::ffi::OsStr::from_bytes(path.as_bytes())),
+                why: "its private /tmp and /dev/shm",
+            }));
         Some(view)
     } else {
         None
@@ -262,6 +267,7 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
         limits,
         landlock,
         seccomp,
+        reach: std::sync::Arc::new(reach),
     }))
 }
 
@@ -312,75 +318,38 @@ fn reachable(manifest: &Manifest, uid: u32, gid: u32) -> Result<(), SandboxError
 /// `/dev/shm` on most systems): writable in the standard profile.
 const SHARED_MEMORY: [&str; 2] = ["/dev/shm", "/run/shm"];
 
-/// Files that mark the root of a project: a script inside one may read the
-/// whole project (its modules, its data).
-const PROJECT_MARKERS: [&str; 5] = [
-    ".git",
-    "pyproject.toml",
-    "setup.py",
-    "package.json",
-    "Cargo.toml",
-];
-
-/// What a toolbox may read besides the system (docs/security.md): the
-/// manifest's directory and its working directory; where its program lives
-/// (the prefix above the program's `bin/`, as written and as resolved: a
-/// virtual environment, an interpreter's installation); for each argument
-/// that names a file, the project it belongs to (the nearest enclosing
-/// directory with a [`PROJECT_MARKERS`] file, else its own directory); and
-/// `read_only`.
-fn own_read_paths(manifest: &Manifest) -> Vec<PathBuf> {
-    let mut paths = vec![manifest.cwd.clone()];
-    if let Some(dir) = manifest.path.parent() {
-        paths.push(dir.to_owned());
+/// What a toolbox may read and write beside the system: its own files and
+/// `read_only`; its state directory, its tmp when it has no private view
+/// (`tmp`), shared memory then, and `read_write`.
+pub fn reach_of(manifest: &Manifest, state_dir: &Path, tmp: Option<&PathBuf>) -> reach::Reach {
+    let mut write = vec![reach::Grant {
+        path: state_dir.to_owned(),
+        why: "its state directory ($TOOLBOXD_STATE_DIR)",
+    }];
+    if let Some(tmp) = tmp {
+        // Its tmp, and shared memory, where OVOS libraries keep their locks
+        // (shared between toolboxes without a private view).
+        write.push(reach::Grant {
+            path: tmp.clone(),
+            why: "its tmp ($TMPDIR)",
+        });
+        write.extend(
+            SHARED_MEMORY
+                .iter()
+                .map(PathBuf::from)
+                .filter(|p| p.exists())
+                .map(|path| reach::Grant {
+                    path,
+                    why: "shared memory (no private view)",
+                }),
+        );
     }
-    let mut programs = vec![manifest.program.clone(), canonical(&manifest.program)];
-    // A script run through its `#!` line: its interpreter's installation too.
-    if let Some(interpreter) = shebang(&manifest.program) {
-        programs.push(canonical(&interpreter));
-        programs.push(interpreter);
+    write.extend(reach::own_writes(manifest));
+    reach::Reach {
+        read: reach::own_reads(manifest),
+        write,
+        manifest: manifest.path.clone(),
     }
-    for program in programs {
-        if let Some(prefix) = program.parent().and_then(Path::parent) {
-            // Never the root: a program in /bin gives no prefix to add.
-            if prefix.components().count() > 1 {
-                paths.push(prefix.to_owned());
-            }
-        }
-    }
-    for arg in &manifest.args {
-        let path = manifest.cwd.join(arg);
-        if !path.is_file() {
-            continue;
-        }
-        let path = canonical(&path);
-        let Some(dir) = path.parent() else { continue };
-        let project = dir
-            .ancestors()
-            .take_while(|a| a.components().count() > 1)
-            .find(|a| PROJECT_MARKERS.iter().any(|m| a.join(m).exists()));
-        paths.push(project.unwrap_or(dir).to_owned());
-    }
-    paths.extend(manifest.sandbox.read_only.iter().cloned());
-    paths.sort();
-    paths.dedup();
-    paths.retain(|p| p.exists());
-    paths
-}
-
-/// The interpreter a script names on its `#!` line, if it is one.
-fn shebang(program: &Path) -> Option<PathBuf> {
-    use std::io::Read;
-    let mut head = [0u8; 256];
-    let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
-    let line = head[..n].strip_prefix(b"#!")?;
-    let line = line.split(|&b| b == b'\n').next()?;
-    let text = std::str::from_utf8(line).ok()?;
-    text.split_whitespace().next().map(PathBuf::from)
-}
-
-fn canonical(path: &Path) -> PathBuf {
-    std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned())
 }
 
 /// The child's environment: the `env_pass` variables the daemon has (never
@@ -404,8 +373,14 @@ fn environment(
     env.insert("HOME".into(), state_dir.into());
     env.insert("TMPDIR".into(), tmp_dir.into());
     env.insert(STATE_DIR_VAR.into(), state_dir.into());
+    // A value may name the child's own directories ($TOOLBOXD_STATE_DIR).
+    let own = [
+        (STATE_DIR_VAR, state_dir),
+        ("HOME", state_dir),
+        ("TMPDIR", tmp_dir),
+    ];
     for (name, value) in &manifest.env {
-        env.insert(name.into(), value.into());
+        env.insert(name.into(), reach::expand(value, &own).into());
     }
     for (name, source) in &sandbox.secrets {
         env.insert(name.into(), secret(name, source)?.into());
@@ -545,6 +520,7 @@ impl Plan {
         let summary = self.summary();
         KeptSandbox {
             summary,
+            reach: Some(self.reach),
             _limits: self.limits,
             // A private view's /tmp goes with its mount namespace.
             tmp_dir: self.view.is_none().then_some(self.tmp_dir),
@@ -576,6 +552,8 @@ impl Plan {
 pub struct KeptSandbox {
     /// What confines it, in words.
     pub summary: Vec<String>,
+    /// What it may read and write, to explain a refusal.
+    pub reach: Option<std::sync::Arc<reach::Reach>>,
     /// Its limit cgroups, removed when it is dropped with the child.
     _limits: limits::Limited,
     /// Its private tmp, removed when it is dropped with the child.
@@ -603,6 +581,7 @@ impl KeptSandbox {
     pub fn summary_only(summary: Vec<String>) -> KeptSandbox {
         KeptSandbox {
             summary,
+            reach: None,
             _limits: limits::Limited::default(),
             tmp_dir: None,
         }

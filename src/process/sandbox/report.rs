@@ -91,6 +91,40 @@ pub fn report(manifest: &Manifest) -> (Vec<String>, bool) {
         }
         Err(e) => say(false, e.to_string()),
     }
+    // Path by path, what it may read and write beside the system.
+    let state = super::state_dir_of(manifest).unwrap_or_default();
+    let private = super::mounts::availability().is_ok();
+    let tmp = (!private).then(|| state.with_file_name("tmp").join("<daemon pid>-<n>"));
+    let reach = super::reach_of(manifest, &state, tmp.as_ref());
+    for grant in &reach.read {
+        say(
+            true,
+            format!("reads  {}  ({})", grant.path.display(), grant.why),
+        );
+    }
+    if private {
+        say(
+            true,
+            "writes /tmp, /dev/shm  (its private tmpfs mounts)".to_owned(),
+        );
+    }
+    for grant in &reach.write {
+        say(
+            true,
+            format!("writes {}  ({})", grant.path.display(), grant.why),
+        );
+    }
+    say(
+        true,
+        format!(
+            "reads  the system: {}",
+            super::landlock::system_read_paths()
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+    );
     say(
         true,
         format!(
