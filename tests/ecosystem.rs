@@ -445,3 +445,115 @@ async fn an_opm_plugin_gets_its_configuration_logs_to_its_stderr_and_one_serving
     assert!(table.contains("serves no tools"), "{table}");
     assert!(daemon.status("greeter")["note"].is_null());
 }
+
+/// Runs `git` in `dir` (the test's own, as root or the test's user).
+fn git(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("git")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.org"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+}
+
+#[tokio::test]
+async fn git_filesystem_and_memory_servers_work_under_the_default_sandbox() {
+    // Three popular servers, installed from PyPI and npm, each with a
+    // manifest that names only its data (docs/authoring.md): a git
+    // repository it may read, a directory it may write, a file in its state
+    // directory. Their data sits outside /tmp and outside this repository.
+    let repository = TempDir::outside("eco-git");
+    std::fs::write(repository.path().join("README"), "hello\n").unwrap();
+    git(repository.path(), &["init", "-q", "-b", "main"]);
+    git(repository.path(), &["add", "README"]);
+    git(repository.path(), &["commit", "-q", "-m", "first words"]);
+    let notes = TempDir::outside("eco-files");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // The toolbox's own user must be able to write there.
+        std::fs::set_permissions(notes.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    std::fs::write(notes.path().join("todo.md"), "milk\n").unwrap();
+    let modules = installed("tests/node/node_modules/@modelcontextprotocol");
+    let dir = TempDir::new("eco-real");
+    let repo_path = repository.path().display().to_string();
+    dir.write(
+        "git.toml",
+        &format!(
+            "id = \"git\"\ncommand = \"{}\"\nargs = [\"--repository\", \"{repo_path}\"]\n\
+             env = {{ GIT_CONFIG_COUNT = \"1\", GIT_CONFIG_KEY_0 = \"safe.directory\", \
+             GIT_CONFIG_VALUE_0 = \"{repo_path}\" }}\n",
+            venv_bin("mcp-server-git")
+        ),
+    );
+    let notes_path = notes.path().display().to_string();
+    dir.write(
+        "files.toml",
+        &format!(
+            "id = \"files\"\ncommand = \"node\"\n\
+             args = [\"{modules}/server-filesystem/dist/index.js\", \"{notes_path}\"]\n\
+             [sandbox]\nread_write = [\"{notes_path}\"]\n"
+        ),
+    );
+    dir.write(
+        "memory.toml",
+        &format!(
+            "id = \"memory\"\ncommand = \"node\"\n\
+             args = [\"{modules}/server-memory/dist/index.js\"]\n\
+             env = {{ MEMORY_FILE_PATH = \"$TOOLBOXD_STATE_DIR/memory.jsonl\" }}\n"
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    for id in ["git", "files", "memory"] {
+        let row = daemon.status(id);
+        assert_eq!(row["state"], "ready", "{row}");
+        assert_eq!(row["sandbox"][0], "standard", "{row}");
+    }
+    let mut bus = Bus::connect(&daemon.url).await;
+
+    let r = bus
+        .call(
+            "git",
+            "git_log",
+            json!({"repo_path": repo_path, "max_count": 5}),
+        )
+        .await;
+    assert!(r.to_string().contains("first words"), "{r}");
+    let r = bus
+        .call("git", "git_status", json!({"repo_path": repo_path}))
+        .await;
+    assert!(r.to_string().contains("On branch main"), "{r}");
+
+    let r = bus
+        .call("files", "list_directory", json!({"path": notes_path}))
+        .await;
+    assert!(r.to_string().contains("todo.md"), "{r}");
+    let written = format!("{notes_path}/shopping.md");
+    let r = bus
+        .call(
+            "files",
+            "write_file",
+            json!({"path": written, "content": "eggs\n"}),
+        )
+        .await;
+    assert!(r["error"].is_null(), "{r}");
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), "eggs\n");
+
+    let entity = json!({"entities": [{"name": "Ada", "entityType": "person",
+                                     "observations": ["wrote the first program"]}]});
+    let r = bus.call("memory", "create_entities", entity).await;
+    assert!(r["error"].is_null(), "{r}");
+    let r = bus.call("memory", "read_graph", json!({})).await;
+    assert!(r.to_string().contains("wrote the first program"), "{r}");
+    // Its store is in its state directory, where the manifest pointed it.
+    let state = common::root().join("target/test-state/memory/state/memory.jsonl");
+    let stored =
+        std::fs::read_to_string(&state).unwrap_or_else(|e| panic!("{}: {e}", state.display()));
+    assert!(stored.contains("Ada"), "{stored}");
+    // Nothing of this was refused.
+    for id in ["git", "files", "memory"] {
+        let row = daemon.status(id);
+        assert_eq!(row["sandbox_refused"], json!([]), "{row}");
+    }
+}
