@@ -289,9 +289,15 @@ impl Session {
         version: &str,
         limit: Duration,
     ) -> Result<Session, HandshakeError> {
+        // Roots, where the child has them (its sandbox's directories).
+        let capabilities = if rpc.offers_roots() {
+            json!({"roots": {}})
+        } else {
+            json!({})
+        };
         let params = json!({
             "protocolVersion": version,
-            "capabilities": {},
+            "capabilities": capabilities,
             "clientInfo": mcp::client_info(),
         });
         let result = timed("initialize", limit, rpc.request("initialize", params)).await?;

@@ -525,6 +525,13 @@ async fn git_filesystem_and_memory_servers_work_under_the_default_sandbox() {
         .await;
     assert!(r.to_string().contains("On branch main"), "{r}");
 
+    // It asked for MCP roots, and was given where it may keep files.
+    let r = bus
+        .call("files", "list_allowed_directories", json!({}))
+        .await;
+    let allowed = r.to_string();
+    assert!(allowed.contains(&notes_path), "{r}");
+    assert!(allowed.contains("test-state/files/state"), "{r}");
     let r = bus
         .call("files", "list_directory", json!({"path": notes_path}))
         .await;

@@ -292,6 +292,9 @@ impl Child {
             stdin_tx,
             manifest.limits.max_message_bytes,
             Box::new(move || killed.signal(nix::sys::signal::Signal::SIGKILL)),
+            kept.as_ref()
+                .and_then(|k| k.reach.as_ref())
+                .map(|r| r.roots()),
         );
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (exit_tx, exit_rx) = watch::channel(None);

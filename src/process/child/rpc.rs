@@ -94,6 +94,10 @@ pub(super) struct Link {
     kill: Kill,
     /// Calls that asked for progress, by the `progressToken` they sent.
     progress: Mutex<HashMap<u64, ProgressSender>>,
+    /// The answer to its `roots/list` (the directories its sandbox lets it
+    /// keep files in, and those its arguments name); `None`, and no roots
+    /// declared, when it is not confined.
+    roots: Option<Value>,
 }
 
 impl Link {
@@ -106,6 +110,7 @@ impl Link {
         stdin: mpsc::UnboundedSender<Vec<u8>>,
         stdin_budget: usize,
         kill: Kill,
+        roots: Option<Value>,
     ) -> (Arc<Link>, Arc<std::sync::atomic::AtomicUsize>) {
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let link = Arc::new(Link {
@@ -120,6 +125,7 @@ impl Link {
             cut: std::sync::OnceLock::new(),
             kill,
             progress: Mutex::new(HashMap::new()),
+            roots,
         });
         (link, queued)
     }
@@ -250,6 +256,11 @@ pub struct RpcHandle {
 }
 
 impl RpcHandle {
+    /// Whether the child is offered MCP roots (declared in the handshake).
+    pub fn offers_roots(&self) -> bool {
+        self.link.roots.is_some()
+    }
+
     /// Sends a request and waits for its answer. Dropping the future (e.g. on a
     /// timeout) withdraws the request and sends `notifications/cancelled`.
     pub async fn request(&self, method: &str, params: Value) -> Result<Value, RpcFailure> {
@@ -609,10 +620,12 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
                 }
             }
             Ok(Incoming::Request { id, method, .. }) => {
-                // toolboxd declares no client capabilities; answer at once so
-                // the child never waits on us.
+                // Answered at once, so the child never waits on us: roots
+                // where it has them, nothing else toolboxd offers.
                 let answer = if method == "ping" {
                     Ok(serde_json::json!({}))
+                } else if let (true, Some(roots)) = (method == "roots/list", &link.roots) {
+                    Ok(roots.clone())
                 } else {
                     tracing::debug!(toolbox, pid, %method, "child request refused: method not found");
                     Err((mcp::METHOD_NOT_FOUND, "toolboxd does not offer this method"))

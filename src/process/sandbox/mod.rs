@@ -236,7 +236,7 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
         .chain(v2_cgroup.map(Path::to_path_buf));
     reach.read.extend(cgroups.map(|path| reach::Grant {
         path,
-        why: "its own cgroups",
+        why: reach::WHY_CGROUPS,
     }));
     let policy = landlock::FsPolicy::standard(reach.read_paths(), reach.write_paths(), tcp);
     let mut landlock = landlock::prepare(&policy)?;
@@ -247,7 +247,7 @@ pub fn plan(manifest: &Manifest, v2_cgroup: Option<&Path>) -> Result<Option<Plan
             .write
             .extend(view.writable.iter().map(|path| reach::Grant {
                 path: PathBuf::from(std::ffi::OsStr::from_bytes(path.as_bytes())),
-                why: "its private /tmp and /dev/shm",
+                why: reach::WHY_PRIVATE_TMP,
             }));
         Some(view)
     } else {
@@ -324,14 +324,14 @@ const SHARED_MEMORY: [&str; 2] = ["/dev/shm", "/run/shm"];
 pub fn reach_of(manifest: &Manifest, state_dir: &Path, tmp: Option<&PathBuf>) -> reach::Reach {
     let mut write = vec![reach::Grant {
         path: state_dir.to_owned(),
-        why: "its state directory ($TOOLBOXD_STATE_DIR)",
+        why: reach::WHY_STATE,
     }];
     if let Some(tmp) = tmp {
         // Its tmp, and shared memory, where OVOS libraries keep their locks
         // (shared between toolboxes without a private view).
         write.push(reach::Grant {
             path: tmp.clone(),
-            why: "its tmp ($TMPDIR)",
+            why: reach::WHY_TMP,
         });
         write.extend(
             SHARED_MEMORY
@@ -340,7 +340,7 @@ pub fn reach_of(manifest: &Manifest, state_dir: &Path, tmp: Option<&PathBuf>) ->
                 .filter(|p| p.exists())
                 .map(|path| reach::Grant {
                     path,
-                    why: "shared memory (no private view)",
+                    why: reach::WHY_SHARED_MEMORY,
                 }),
         );
     }

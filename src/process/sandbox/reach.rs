@@ -50,6 +50,45 @@ impl Reach {
     pub fn write_paths(&self) -> Vec<PathBuf> {
         self.write.iter().map(|g| g.path.clone()).collect()
     }
+
+    /// Its MCP roots (`roots/list`'s result): the directories it may keep
+    /// files in (its state directory, `read_write`) and those its arguments
+    /// name, as `file://` URIs.
+    pub fn roots(&self) -> serde_json::Value {
+        let kept = self
+            .write
+            .iter()
+            .filter(|g| [WHY_STATE, WHY_READ_WRITE].contains(&g.why));
+        let named = self.read.iter().filter(|g| g.why == WHY_DIRECTORY_ARGUMENT);
+        let mut seen = std::collections::HashSet::new();
+        let roots: Vec<serde_json::Value> = kept
+            .chain(named)
+            .filter(|g| g.path.is_dir() || g.why == WHY_STATE)
+            .filter(|g| seen.insert(&g.path))
+            .map(|g| {
+                serde_json::json!({
+                    "uri": file_uri(&g.path),
+                    "name": g.path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+                })
+            })
+            .collect();
+        serde_json::json!({ "roots": roots })
+    }
+}
+
+/// `path` as a `file://` URI: bytes other than unreserved ones and `/`
+/// percent-encoded (RFC 3986, RFC 8089).
+fn file_uri(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file://");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            uri.push(b as char);
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri
 }
 
 /// Files that mark the root of a project: a script inside one may read the
@@ -73,6 +112,11 @@ pub const WHY_PYTHON_PACKAGES: &str =
 pub const WHY_DIRECTORY_ARGUMENT: &str = "a directory its arguments name (read only)";
 pub const WHY_READ_ONLY: &str = "[sandbox] read_only";
 pub const WHY_READ_WRITE: &str = "[sandbox] read_write";
+pub const WHY_STATE: &str = "its state directory ($TOOLBOXD_STATE_DIR)";
+pub const WHY_TMP: &str = "its tmp ($TMPDIR)";
+pub const WHY_SHARED_MEMORY: &str = "shared memory (no private view)";
+pub const WHY_PRIVATE_TMP: &str = "its private /tmp and /dev/shm";
+pub const WHY_CGROUPS: &str = "its own cgroups";
 
 /// What a toolbox may read besides the system: the manifest's directory
 /// and its working directory; where its program lives (the prefix above
@@ -351,6 +395,49 @@ mod tests {
         assert!(own_writes(&m).is_empty());
         let m = manifest_in(&manifests, &[format!("--repository={}", data.display())]);
         assert!(reads(&m).contains(&(canonical(&data), WHY_DIRECTORY_ARGUMENT)));
+    }
+
+    #[test]
+    fn the_roots_are_where_it_keeps_files_and_the_directories_it_was_given() {
+        let root = tempfile_dir("reach-roots");
+        let given = root.join("a dir");
+        std::fs::create_dir_all(&given).unwrap();
+        let reach = Reach {
+            read: vec![
+                Grant {
+                    path: given.clone(),
+                    why: WHY_DIRECTORY_ARGUMENT,
+                },
+                Grant {
+                    path: root.clone(),
+                    why: WHY_PROJECT,
+                },
+            ],
+            write: vec![
+                Grant {
+                    path: "/var/lib/toolboxd/t/state".into(),
+                    why: WHY_STATE,
+                },
+                Grant {
+                    path: "/tmp".into(),
+                    why: WHY_PRIVATE_TMP,
+                },
+            ],
+            manifest: PathBuf::new(),
+        };
+        let uris: Vec<String> = reach.roots()["roots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["uri"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            uris,
+            [
+                "file:///var/lib/toolboxd/t/state".to_owned(),
+                format!("file://{}/a%20dir", root.display()),
+            ]
+        );
     }
 
     #[test]
