@@ -49,7 +49,20 @@ fn check_reports_each_bad_file_with_line_and_fix_and_exits_1() {
     dir.write("badid.toml", "id = \"a.b\"\ncommand = \"sh\"\n");
     dir.write("nobin.toml", "id = \"nobin\"\ncommand = \"./missing.sh\"\n");
     dir.write("dup.toml", &math_manifest("good"));
+    // Two wrong values in one file: both are named, each at its line.
+    dir.write(
+        "two.toml",
+        "id = \"two\"\ncommand = \"sh\"\n[limits]\ncall_timeout_s = 0\nprobe_interval_s = \"often\"\n",
+    );
     let (code, out, _) = toolboxd(&["check", "--manifests", dir.path().to_str().unwrap()]);
+    assert!(
+        out.contains("two.toml:4: call_timeout_s = 0 must be between"),
+        "{out}"
+    );
+    assert!(
+        out.contains("two.toml:5: invalid type: string \"often\""),
+        "{out}"
+    );
     assert_eq!(code, 1, "{out}");
     let line = |file: &str| {
         out.lines()

@@ -220,9 +220,15 @@ async fn the_reference_node_server_is_listed_and_called_its_task_tool_included()
             "toggle-simulated-logging",
             "toggle-subscriber-updates",
             "trigger-long-running-operation",
+            // Shown to a client that declares roots, as toolboxd does for a
+            // confined child.
+            "get-roots-list",
             "simulate-research-query",
         ]
     );
+    // Its roots are the directories its sandbox lets it keep files in.
+    let r = bus.call("everything", "get-roots-list", json!({})).await;
+    assert!(r.to_string().contains("test-state/everything/state"), "{r}");
 
     let r = bus
         .call("everything", "echo", json!({"message": "hi"}))

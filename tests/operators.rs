@@ -89,6 +89,7 @@ async fn status_shows_every_column_as_table_and_json() {
         "id": "math", "state": "ready", "reason": null, "pids": [pid], "instances": 1,
         "era": "modern MCP 2026-07-28", "tools": 4, "restarts": 0, "last_exit": null,
         "calls_ok": 5, "calls_err": 1, "in_flight": 0, "conflict": null, "note": null,
+        "sandbox_refused": [],
     });
     for key in [
         "uptime_s",

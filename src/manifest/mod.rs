@@ -258,46 +258,58 @@ fn read_manifest(path: &Path) -> Result<String, String> {
 
 impl Manifest {
     /// Reads and validates one manifest file: a regular file (a symlink to
-    /// one is fine) of at most [`MAX_MANIFEST_BYTES`].
+    /// one is fine) of at most [`MAX_MANIFEST_BYTES`]. Its first problem;
+    /// [`Manifest::load_all`] gives every one.
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
-        let text = read_manifest(path).map_err(|message| ManifestError {
-            path: path.to_owned(),
-            line: None,
-            message,
-        })?;
-        Manifest::parse(path, &text)
+        Manifest::load_all(path).map_err(first)
     }
 
-    /// Validates manifest text that was read from `path`.
+    /// [`Manifest::load`], with every problem found.
+    pub fn load_all(path: &Path) -> Result<Manifest, Vec<ManifestError>> {
+        let text = read_manifest(path).map_err(|message| {
+            vec![ManifestError {
+                path: path.to_owned(),
+                line: None,
+                message,
+            }]
+        })?;
+        Manifest::parse_all(path, &text)
+    }
+
+    /// Validates manifest text that was read from `path`: its first problem.
     pub fn parse(path: &Path, text: &str) -> Result<Manifest, ManifestError> {
+        Manifest::parse_all(path, text).map_err(first)
+    }
+
+    /// Validates manifest text that was read from `path`, finding every
+    /// problem (at most [`MAX_PROBLEMS`]) so that one `check` names them
+    /// all: each wrong value (its line left out, the rest read again), then
+    /// each value out of its range or pointing nowhere.
+    pub fn parse_all(path: &Path, text: &str) -> Result<Manifest, Vec<ManifestError>> {
         let err = |line: Option<usize>, message: String| ManifestError {
             path: path.to_owned(),
             line,
             message,
         };
-        let raw: RawManifest = toml::from_str(text).map_err(|e| {
-            let line = e.span().map(|span| line_of_offset(text, span.start));
-            let message = e.message().trim().to_owned();
-            let fix = if message.starts_with("unknown field") {
-                "; remove the key or fix its spelling (see docs/manifest.md)"
-            } else if message.starts_with("missing field") {
-                "; add it (see docs/manifest.md)"
-            } else {
-                ""
-            };
-            err(line, format!("{message}{fix}"))
-        })?;
+        let (raw, mut problems) = read_raw(text);
+        let Some(raw) = raw else {
+            return Err(problems
+                .into_iter()
+                .map(|(line, message)| err(line, message))
+                .collect());
+        };
         let key_line = |key: &str| line_of_key(text, key);
+        let mut problem = |key: &str, message: String| problems.push((key_line(key), message));
 
         if !valid_id(&raw.id) {
-            return Err(err(
-                key_line("id"),
+            problem(
+                "id",
                 format!(
                     "id {:?} is not a valid toolbox_id; use only letters, digits, '_' and '-' \
                      (never ':' or '.'), e.g. id = \"my_tools\"",
                     raw.id
                 ),
-            ));
+            );
         }
         let dir = path
             .parent()
@@ -316,14 +328,14 @@ impl Manifest {
             None => dir.clone(),
         };
         if !cwd.is_dir() {
-            return Err(err(
-                key_line("cwd"),
+            problem(
+                "cwd",
                 format!(
                     "cwd {} is not a directory; fix the path (relative paths resolve against \
                      the manifest's directory)",
                     cwd.display()
                 ),
-            ));
+            );
         }
         let search_path = raw
             .env
@@ -332,14 +344,15 @@ impl Manifest {
             .or_else(|| (!raw.env_clear).then(|| std::env::var("PATH").unwrap_or_default()))
             .unwrap_or_default();
         let program = resolve_command(&raw.command, &dir, &search_path)
-            .map_err(|message| err(key_line("command"), message))?;
+            .map_err(|message| problem("command", message))
+            .ok();
 
         let protocol = match raw.protocol.as_str() {
             "auto" => None,
             v if MODERN_VERSIONS.contains(&v) || LEGACY_VERSIONS.contains(&v) => Some(v.to_owned()),
             v => {
-                return Err(err(
-                    key_line("protocol"),
+                problem(
+                    "protocol",
                     format!(
                         "protocol {v:?} is not an MCP version toolboxd speaks; use \"auto\" or one \
                          of {}",
@@ -350,31 +363,40 @@ impl Manifest {
                             .collect::<Vec<_>>()
                             .join(", ")
                     ),
-                ))
+                );
+                None
             }
         };
-        check_knobs(&raw.restart, &raw.limits)
-            .map_err(|(key, message)| err(key_line(key), message))?;
+        for (key, message) in check_knobs(&raw.restart, &raw.limits) {
+            problem(key, message);
+        }
         if !(1..=MAX_INSTANCES).contains(&raw.instances) {
-            return Err(err(
-                key_line("instances"),
+            problem(
+                "instances",
                 format!(
                     "instances = {} must be between 1 and {MAX_INSTANCES}",
                     raw.instances
                 ),
-            ));
+            );
         }
-
-        raw.start
-            .check()
-            .map_err(|(key, message)| err(key_line(key), message))?;
+        if let Err((key, message)) = raw.start.check() {
+            problem(key, message);
+        }
         let sandbox = raw
             .sandbox
             .validate(&dir, raw.limits.max_concurrent_calls)
-            .map_err(|(key, message)| err(key_line(key), format!("[sandbox] {message}")))?;
-        raw.annotations
-            .check()
-            .map_err(|message| err(key_line("title"), message))?;
+            .map_err(|(key, message)| problem(key, format!("[sandbox] {message}")))
+            .ok();
+        if let Err(message) = raw.annotations.check() {
+            problem("title", message);
+        }
+        let (Some(program), Some(sandbox), true) = (program, sandbox, problems.is_empty()) else {
+            problems.truncate(MAX_PROBLEMS);
+            return Err(problems
+                .into_iter()
+                .map(|(line, message)| err(line, message))
+                .collect());
+        };
 
         Ok(Manifest {
             path: path.to_owned(),
@@ -442,18 +464,19 @@ pub fn knob_values(restart: &Restart, limits: &Limits) -> [u64; 15] {
     ]
 }
 
-fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, String)> {
+fn check_knobs(restart: &Restart, limits: &Limits) -> Vec<(&'static str, String)> {
+    let mut problems = Vec::new();
     let values = knob_values(restart, limits);
     for (&(key, min, max), value) in KNOB_RANGES.iter().zip(values) {
         if !(min..=max).contains(&value) {
-            return Err((
+            problems.push((
                 key,
                 format!("{key} = {value} must be between {min} and {max}"),
             ));
         }
     }
     if restart.backoff_max_ms < restart.backoff_initial_ms {
-        return Err((
+        problems.push((
             "backoff_max_ms",
             format!(
                 "backoff_max_ms ({}) is below backoff_initial_ms ({}); raise it",
@@ -463,7 +486,7 @@ fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, 
     }
     for (tool, &secs) in &limits.tool_timeouts {
         if secs == 0 || secs > limits.call_timeout_s {
-            return Err((
+            problems.push((
                 "tool_timeouts",
                 format!(
                     "tool_timeouts.{tool} = {secs} must be between 1 and call_timeout_s ({}); \
@@ -473,7 +496,91 @@ fn check_knobs(restart: &Restart, limits: &Limits) -> Result<(), (&'static str, 
             ));
         }
     }
-    Ok(())
+    problems
+}
+
+/// The most problems one manifest is reported with.
+pub const MAX_PROBLEMS: usize = 16;
+
+/// The largest manifest read again for its further problems.
+const REREAD_MAX_BYTES: usize = 64 * 1024;
+
+/// The first of a manifest's problems (there is always one).
+fn first(mut problems: Vec<ManifestError>) -> ManifestError {
+    // invariant: the parse fails only with at least one problem; an empty
+    // list would still say something.
+    if problems.is_empty() {
+        return ManifestError {
+            path: PathBuf::new(),
+            line: None,
+            message: "invalid manifest".to_owned(),
+        };
+    }
+    problems.swap_remove(0)
+}
+
+/// The manifest's keys and values as typed, and the problems met reading
+/// them (line, message). A wrong value (a word where a number goes, an
+/// unknown key) is reported, its line blanked and the rest read again, so
+/// that every such line is named, up to [`MAX_PROBLEMS`], and what remains
+/// is returned to be checked further; bad TOML stops the reading at once
+/// (what follows it cannot be read), and so does a required key blanked.
+fn read_raw(text: &str) -> (Option<RawManifest>, Vec<(Option<usize>, String)>) {
+    let mut problems = Vec::new();
+    let mut text = text.to_owned();
+    let mut blanked: Vec<usize> = Vec::new();
+    loop {
+        let e = match toml::from_str::<RawManifest>(&text) {
+            // With the wrong lines left out (their keys at their defaults):
+            // the rest is still checked.
+            Ok(raw) => return (Some(raw), in_order(problems)),
+            Err(e) => e,
+        };
+        let line = e.span().map(|span| line_of_offset(&text, span.start));
+        let message = e.message().trim().to_owned();
+        // A key blanked for its wrong value is not also missing.
+        if !blanked.is_empty() && message.starts_with("missing field") {
+            return (None, in_order(problems));
+        }
+        let fix = if message.starts_with("unknown field") {
+            "; remove the key or fix its spelling (see docs/manifest.md)"
+        } else if message.starts_with("missing field") {
+            "; add it (see docs/manifest.md)"
+        } else {
+            ""
+        };
+        problems.push((line, format!("{message}{fix}")));
+        // Read again only what a manifest is (a few hundred bytes): a huge
+        // file is not read sixteen times.
+        if text.len() > REREAD_MAX_BYTES {
+            return (None, problems);
+        }
+        let syntax = toml::from_str::<toml::Table>(&text).is_err();
+        let Some(line) = line.filter(|l| !syntax && !blanked.contains(l)) else {
+            return (None, in_order(problems));
+        };
+        if problems.len() >= MAX_PROBLEMS {
+            return (None, in_order(problems));
+        }
+        blanked.push(line);
+        text = text
+            .split('\n')
+            .enumerate()
+            .map(|(i, l)| if i + 1 == line { "" } else { l })
+            .collect::<Vec<_>>()
+            .join("\n");
+        // Blanking a line that opened a value over several lines breaks
+        // the TOML: stop there.
+        if toml::from_str::<toml::Table>(&text).is_err() {
+            return (None, in_order(problems));
+        }
+    }
+}
+
+/// Problems in the order of their lines (serde finds unknown keys first).
+fn in_order(mut problems: Vec<(Option<usize>, String)>) -> Vec<(Option<usize>, String)> {
+    problems.sort_by_key(|(line, _)| line.unwrap_or(usize::MAX));
+    problems
 }
 
 /// Resolves `command` the way docs/manifest.md says: with a '/', relative to the
@@ -576,7 +683,7 @@ pub fn load_dirs(dirs: &[PathBuf]) -> ManifestSet {
             .collect();
         paths.sort();
         for path in paths {
-            match Manifest::load(&path) {
+            match Manifest::load_all(&path) {
                 Ok(m) => {
                     if let Some(first) = seen.get(&m.id) {
                         set.errors.push(ManifestError {
@@ -596,7 +703,7 @@ pub fn load_dirs(dirs: &[PathBuf]) -> ManifestSet {
                         set.manifests.push(m);
                     }
                 }
-                Err(e) => set.errors.push(e),
+                Err(problems) => set.errors.extend(problems),
             }
         }
     }

@@ -329,7 +329,13 @@ impl RawSandbox {
             memory_max_mib: self.memory_max_mib.unwrap_or(defaults.memory_max_mib),
             tasks_max: self
                 .tasks_max
-                .unwrap_or(defaults.tasks_max + 2 * concurrent_calls as u64),
+                // Saturating: the manifest's other problems (a knob out of
+                // range) are found in the same pass.
+                .unwrap_or(
+                    defaults
+                        .tasks_max
+                        .saturating_add(2u64.saturating_mul(concurrent_calls as u64)),
+                ),
             nofile: self.nofile.unwrap_or(defaults.nofile),
             state_max_mib: self.state_max_mib.unwrap_or(defaults.state_max_mib),
         })

@@ -292,3 +292,36 @@ fn annotations_set_or_override_a_tools_and_are_checked() {
     .unwrap_err();
     assert!(e.to_string().contains("at most 256"), "{e}");
 }
+
+#[test]
+fn every_wrong_value_of_a_manifest_is_named_not_only_the_first() {
+    let path = Path::new("/tmp/m.toml");
+    // Two values of the wrong type and an unknown key: each its own line.
+    let text = "id = \"a\"\ncommand = \"sh\"\ninstances = \"two\"\nenabeld = true\n\
+                [limits]\ncall_timeout_s = \"soon\"\n";
+    let problems = Manifest::parse_all(path, text).unwrap_err();
+    let lines: Vec<Option<usize>> = problems.iter().map(|p| p.line).collect();
+    assert_eq!(lines, [Some(3), Some(4), Some(6)], "{problems:?}");
+    assert!(problems[1].message.contains("enabeld"), "{problems:?}");
+    // Values in range of their type but wrong: every one, with its line.
+    let text = "id = \"a.b\"\ncommand = \"no-such-binary-xyz\"\nprotocol = \"1999\"\n\
+                [limits]\ncall_timeout_s = 0\nprobe_interval_s = 0\n";
+    let problems = Manifest::parse_all(path, text).unwrap_err();
+    let lines: Vec<Option<usize>> = problems.iter().map(|p| p.line).collect();
+    assert_eq!(
+        lines,
+        [Some(1), Some(2), Some(3), Some(5), Some(6)],
+        "{problems:?}"
+    );
+    // The first problem is what `parse` says.
+    assert_eq!(
+        parse(text).unwrap_err(),
+        problems.into_iter().next().unwrap()
+    );
+    // A required key given a wrong value is not also "missing".
+    let problems = Manifest::parse_all(path, "id = 3\ncommand = \"sh\"\n").unwrap_err();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    // Bad TOML stops the reading: what follows cannot be read.
+    let problems = Manifest::parse_all(path, "id = \"a\"\ncommand = [\"sh\"\nx = 1\n").unwrap_err();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+}
