@@ -36,6 +36,9 @@
 //!   so they are listed with no process running.
 //! - [`call`]: one call as every layer reads it: what was asked, its
 //!   toolbox, its one deadline, its cancel token and progress sink.
+//! - [`ask`]: asking the person behind a call on the bus
+//!   (`ovos.tools.ask`): a confirmation before a side effect, a child's
+//!   own question; the first valid answer decides.
 //! - [`launch`]: one way to start a child: spawn, era, tools (for `run` and
 //!   `check --probe` alike).
 //! - [`session`]: the MCP conversation with one child (era, tools, calls).
@@ -59,6 +62,7 @@
 //! The directory tree is the layering: a module uses only the layers below
 //! it (docs/architecture.md, checked by tests/layers.rs).
 
+pub(crate) mod ask;
 pub mod bus;
 pub mod call;
 pub(crate) mod cancel;

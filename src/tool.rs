@@ -66,7 +66,7 @@ pub const MAX_ENUM_VALUES: usize = 4096;
 /// backtracking; a pattern it cannot express, with look-around or
 /// back-references, is refused here with the reason), and no `enum` lists
 /// more than [`MAX_ENUM_VALUES`] values.
-fn validator(schema: &Value) -> Result<jsonschema::Validator, String> {
+pub fn validator(schema: &Value) -> Result<jsonschema::Validator, String> {
     if let Some(n) = largest_enum(schema, 0).filter(|&n| n > MAX_ENUM_VALUES) {
         return Err(format!(
             "has an enum of {n} values; at most {MAX_ENUM_VALUES} are accepted (every call is \
@@ -122,6 +122,26 @@ impl std::fmt::Debug for Tool {
 }
 
 impl Tool {
+    /// One of its annotations (`destructiveHint`, `title`, ...), as its
+    /// definition on the bus carries it (the manifest's over the child's).
+    /// Read from the kept text: only a call that asks needs it.
+    pub fn annotation(&self, key: &str) -> Option<Value> {
+        #[derive(serde::Deserialize)]
+        struct Annotated {
+            annotations: Option<serde_json::Map<String, Value>>,
+        }
+        let read: Annotated = serde_json::from_str(self.definition.get()).ok()?;
+        read.annotations?.remove(key)
+    }
+
+    /// What to call it when speaking to a person: its `title`, else its name.
+    pub fn title(&self) -> String {
+        match self.annotation("title") {
+            Some(Value::String(title)) if !title.trim().is_empty() => title,
+            _ => self.name.clone(),
+        }
+    }
+
     /// Compiles a listed tool's schemas. The error says which schema and why.
     pub fn compile(toolbox_id: &str, spec: ToolSpec) -> Result<Tool, String> {
         if !valid_name(&spec.name) {

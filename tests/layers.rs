@@ -23,7 +23,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("the catalog", &["registry"]),
     ("one toolbox", &["toolbox"]),
     ("starting a child", &["launch"]),
-    ("the MCP conversation, one call", &["session", "call"]),
+    (
+        "the MCP conversation, one call",
+        &["session", "call", "ask"],
+    ),
     ("one child process", &["process::child", "catalog_cache"]),
     (
         "confinement, tools, peers",

@@ -69,6 +69,9 @@ pub struct Manifest {
     pub start: Start,
     /// `[annotations.<tool>]`: annotations set or overridden per tool.
     pub annotations: ToolAnnotations,
+    /// `confirm`, `ask_timeout_s`, `elicitation`: which calls wait for a
+    /// person's yes, and whether the child may ask the person questions.
+    pub asking: Asking,
 }
 
 /// Restart policy knobs (`[restart]` in docs/manifest.md).
@@ -197,6 +200,16 @@ struct RawManifest {
     start: Start,
     #[serde(default)]
     annotations: ToolAnnotations,
+    #[serde(default)]
+    confirm: Confirm,
+    #[serde(default = "default_ask_timeout_s")]
+    ask_timeout_s: u64,
+    #[serde(default)]
+    elicitation: bool,
+}
+
+fn default_ask_timeout_s() -> u64 {
+    Asking::default().ask_timeout_s
 }
 
 fn default_true() -> bool {
@@ -390,6 +403,18 @@ impl Manifest {
         if let Err(message) = raw.annotations.check() {
             problem("title", message);
         }
+        if let Err(message) = raw.confirm.check() {
+            problem("confirm", message);
+        }
+        if !(1..=MAX_ASK_TIMEOUT_S).contains(&raw.ask_timeout_s) {
+            problem(
+                "ask_timeout_s",
+                format!(
+                    "ask_timeout_s = {} must be between 1 and {MAX_ASK_TIMEOUT_S}",
+                    raw.ask_timeout_s
+                ),
+            );
+        }
         let (Some(program), Some(sandbox), true) = (program, sandbox, problems.is_empty()) else {
             problems.truncate(MAX_PROBLEMS);
             return Err(problems
@@ -416,6 +441,11 @@ impl Manifest {
             limits: raw.limits,
             start: raw.start,
             annotations: raw.annotations,
+            asking: Asking {
+                confirm: raw.confirm,
+                ask_timeout_s: raw.ask_timeout_s,
+                elicitation: raw.elicitation,
+            },
         })
     }
 }
@@ -711,9 +741,11 @@ pub fn load_dirs(dirs: &[PathBuf]) -> ManifestSet {
 }
 
 mod annotations;
+mod asking;
 mod sandbox;
 mod start;
 pub use annotations::{Annotations, ToolAnnotations};
+pub use asking::{glob_matches, Asking, Confirm, MAX_ASK_TIMEOUT_S};
 use sandbox::RawSandbox;
 pub use sandbox::{
     Network, Profile, Sandbox, SocketKind, DEFAULT_ENV_PASS, DEFAULT_PORTS, NEVER_PASSED,

@@ -24,11 +24,14 @@ pub enum Ending {
     Cancelled,
     /// Refused at once: too many calls wait for the toolbox already.
     Busy,
+    /// It waited for a person's yes and did not get it (declined,
+    /// cancelled, unanswered): the child never saw it.
+    Unconfirmed,
 }
 
 impl Ending {
     /// Every outcome, in the order metrics list them.
-    pub const ALL: [Ending; 7] = [
+    pub const ALL: [Ending; 8] = [
         Ending::Ok,
         Ending::Error,
         Ending::Invalid,
@@ -36,6 +39,7 @@ impl Ending {
         Ending::Crash,
         Ending::Cancelled,
         Ending::Busy,
+        Ending::Unconfirmed,
     ];
 
     /// The outcome's name, as metrics and the audit log write it.
@@ -48,6 +52,7 @@ impl Ending {
             Ending::Crash => "crash",
             Ending::Cancelled => "cancelled",
             Ending::Busy => "busy",
+            Ending::Unconfirmed => "unconfirmed",
         }
     }
 }

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
+use crate::ask::{self, Asker, Question};
 use crate::call::{Call, Request};
 use crate::observe::{Ending, Finished, Observer};
 use crate::registry::{Catalog, Registry, Resolved};
@@ -43,6 +44,8 @@ pub struct Pipeline {
     /// Busy refusals and timeouts logged per second (at INFO: an operator
     /// sees a toolbox that cannot keep up); any caller can cause thousands.
     noted: Arc<Mutex<LogBudget>>,
+    /// Asks the person when a call needs their yes.
+    asker: Arc<Asker>,
 }
 
 /// Busy refusals and timeouts logged per second; the rest are counted.
@@ -59,12 +62,14 @@ struct Trace {
 }
 
 impl Pipeline {
-    /// A pipeline over `registry`, reporting to `observer`.
-    pub fn new(registry: Arc<Registry>, observer: Observer) -> Pipeline {
+    /// A pipeline over `registry`, reporting to `observer`, asking the
+    /// person through `asker`.
+    pub fn new(registry: Arc<Registry>, observer: Observer, asker: Arc<Asker>) -> Pipeline {
         Pipeline {
             registry,
             observer,
             noted: Arc::new(Mutex::new(LogBudget::new(NOTED_PER_SECOND))),
+            asker,
         }
     }
 
@@ -155,6 +160,11 @@ impl Pipeline {
                 why,
             });
         }
+        if let Some(wait) = admission.confirmation(&tool) {
+            self.confirm(call, &tool, wait).await?;
+            // A person took their time: the call's own deadline starts now.
+            call.deadline = handle.deadline(call.tool(), tokio::time::Instant::now());
+        }
         let answer = match admission.call(call).await {
             Ok(result) => output::answer_of(result, &tool, &call.toolbox),
             Err(error) => Err(failure(call, error)),
@@ -179,6 +189,36 @@ impl Pipeline {
                 .read_tool_error(&call.toolbox, pid, text);
         }
         answer
+    }
+
+    /// Asks the person behind `call` whether it may run (within `wait`, or
+    /// until a stop of its session): anything but a yes fails it, and its
+    /// child never sees it.
+    async fn confirm(
+        &self,
+        call: &mut Call,
+        tool: &Tool,
+        wait: std::time::Duration,
+    ) -> Result<(), Failure> {
+        let question = Question {
+            kind: ask::Kind::Confirm,
+            toolbox: call.toolbox.clone(),
+            tool: tool.name.clone(),
+            prompt: ask::confirm_prompt(&tool.title(), &call.toolbox, &call.request.arguments),
+            session: call.request.session.clone(),
+        };
+        match self
+            .asker
+            .ask(question, wait, &mut call.request.cancel)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(why) => Err(Failure::Unconfirmed {
+                name: tool.name.clone(),
+                toolbox: call.toolbox.clone(),
+                why,
+            }),
+        }
     }
 
     /// The toolbox and the tool of `call`. A toolbox still starting for the

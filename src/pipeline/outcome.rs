@@ -66,6 +66,13 @@ pub enum Failure {
     },
     /// Refused at the door: its context is too large to echo in an answer.
     OversizeContext { bytes: usize, max: usize },
+    /// It needed a person's yes and did not get it (`why`); the child
+    /// never saw it.
+    Unconfirmed {
+        name: String,
+        toolbox: String,
+        why: crate::ask::AskError,
+    },
 }
 
 /// A failure, classified: how it ended and what the caller reads.

@@ -13,6 +13,7 @@
 //! this file makes of them.
 
 use super::outcome::{Failed, Failure};
+use crate::ask::AskError;
 use crate::observe::Ending;
 use crate::toolbox::CallError;
 
@@ -99,12 +100,57 @@ pub fn classify(failure: &Failure) -> (Ending, String) {
             room,
             peer: Some(peer),
         } => (Ending::Busy, overloaded_peer(*bytes, peer, *room)),
+        Failure::Unconfirmed { name, toolbox, why } => unconfirmed(why, name, toolbox),
         Failure::OversizeContext { bytes, max } => (
             Ending::Invalid,
             format!(
                 "ValueError: the request's context is {bytes} bytes, more than the {max} bytes \
                  an answer may echo; send a smaller context"
             ),
+        ),
+    }
+}
+
+/// How a call that needed a person's yes ended without it, and its text:
+/// why, and that it was not run.
+fn unconfirmed(why: &AskError, tool: &str, toolbox: &str) -> (Ending, String) {
+    match why {
+        AskError::Declined => (
+            Ending::Unconfirmed,
+            format!(
+                "PermissionError: the person declined the call of '{tool}' in toolbox \
+                 '{toolbox}'; it was not run"
+            ),
+        ),
+        AskError::Cancelled => (
+            Ending::Unconfirmed,
+            format!(
+                "PermissionError: the person cancelled the call of '{tool}' in toolbox \
+                 '{toolbox}'; it was not run"
+            ),
+        ),
+        AskError::Unanswered { secs } => (
+            Ending::Unconfirmed,
+            format!(
+                "TimeoutError: nobody confirmed the call of '{tool}' in toolbox '{toolbox}' \
+                 within {secs} s (ask_timeout_s); it was not run. Something on the bus must \
+                 answer ovos.tools.ask (the ovos-skill-toolboxd-ask skill asks by voice)"
+            ),
+        ),
+        AskError::Stopped => (
+            Ending::Cancelled,
+            format!("{CANCELLED_BY_STOP} before the person confirmed it; it was not run"),
+        ),
+        AskError::TooMany { max } => (
+            Ending::Busy,
+            format!(
+                "RuntimeError: toolbox '{toolbox}' has {max} questions waiting for the person \
+                 already; the call of '{tool}' was not run, try again later"
+            ),
+        ),
+        AskError::Unaskable(why) => (
+            Ending::Error,
+            format!("RuntimeError: the call of '{tool}' in toolbox '{toolbox}' could not be confirmed: {why}"),
         ),
     }
 }

@@ -13,6 +13,10 @@ pub const INVOKE: &str = "ovos.tools.invoke";
 pub const RELOAD: &str = "ovos.tools.reload";
 /// The global stop OVOS sends when the user says "stop" (docs/protocol.md).
 pub const STOP: &str = "mycroft.stop";
+/// toolboxd asks the person behind a call (DESIGN §5 "Asking the person").
+pub const ASK: &str = "ovos.tools.ask";
+/// An answer of the person to an [`ASK`].
+pub const ASK_RESPONSE: &str = "ovos.tools.ask.response";
 
 /// Which handler a topic goes to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +45,7 @@ impl Topic {
 /// Whether toolboxd answers (or takes) bus messages of `topic` itself: such
 /// a topic never prewarms a toolbox.
 pub fn answers_itself(topic: &str) -> bool {
-    topic == DISCOVER_RESPONSE || route(topic).is_some()
+    topic == DISCOVER_RESPONSE || topic == ASK_RESPONSE || route(topic).is_some()
 }
 
 /// The handler a topic goes to, if toolboxd answers it.

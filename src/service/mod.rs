@@ -17,12 +17,13 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::ask::Asker;
 use crate::bus::envelope::{leading_type, Message, Unbuilt};
 use crate::observe::Observer;
 use crate::operator::Operators;
 use crate::peers::Peers;
 use crate::pipeline::Pipeline;
-use crate::protocol::topics::{route, Topic, DISCOVER_RESPONSE};
+use crate::protocol::topics::{route, Topic, ASK_RESPONSE, DISCOVER_RESPONSE};
 use crate::registry::{Catalog, Registry};
 use crate::toolbox::State;
 use crate::util::throttle::LogBudget;
@@ -68,6 +69,8 @@ pub struct Service {
     discovery: Discovery,
     /// The flat catalog topics.
     listing: Listing,
+    /// The questions toolboxd asks the person: answers go to it.
+    asker: Arc<Asker>,
 }
 
 /// When and how a request arrived: a call's deadline counts from `at`, and
@@ -101,8 +104,9 @@ impl Service {
         flat: bool,
         observer: Observer,
     ) -> Arc<Service> {
+        let asker = Asker::new(out.clone());
         let replies = Replies::new(out);
-        let pipeline = Pipeline::new(registry.clone(), observer);
+        let pipeline = Pipeline::new(registry.clone(), observer, asker.clone());
         Arc::new(Service {
             registry: registry.clone(),
             flat,
@@ -111,6 +115,7 @@ impl Service {
             calls: Calls::new(pipeline, replies.clone()),
             discovery: Discovery::new(registry.clone(), peers, replies.clone()),
             listing: Listing::new(registry, operators, replies),
+            asker,
         })
     }
 
@@ -137,6 +142,9 @@ impl Service {
         };
         if topic == DISCOVER_RESPONSE {
             return self.discovery.note_answer(frame);
+        }
+        if topic == ASK_RESPONSE {
+            return self.asker.answer(frame);
         }
         let name = topic;
         let Some(topic) = route(&name) else {

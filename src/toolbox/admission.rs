@@ -21,6 +21,10 @@ pub struct Admission<'a> {
     pub(super) audit_arguments: bool,
     /// Keeps the call in the toolbox's `in_flight` (its admission counts it).
     pub(super) _count: InFlightCount<'a>,
+    /// Its manifest's `confirm`: which calls wait for a person's yes.
+    pub(super) confirm: crate::manifest::Confirm,
+    /// Its manifest's `ask_timeout_s`: how long they wait.
+    pub(super) ask_timeout: Duration,
 }
 
 impl Admission<'_> {
@@ -28,6 +32,18 @@ impl Admission<'_> {
     /// manifest says `audit_arguments = true`).
     pub fn audits_arguments(&self) -> bool {
         self.audit_arguments
+    }
+
+    /// How long a call of `tool` waits for a person's yes, if its manifest
+    /// says it must (`confirm`; `destructive` reads the tool's annotations,
+    /// the manifest's over the child's).
+    pub fn confirmation(&self, tool: &crate::tool::Tool) -> Option<Duration> {
+        let destructive = || tool.annotation("destructiveHint") == Some(Value::Bool(true));
+        let needed = match &self.confirm {
+            crate::manifest::Confirm::Destructive => destructive(),
+            other => other.needs(&tool.name, false),
+        };
+        needed.then_some(self.ask_timeout)
     }
 
     /// Runs `call` (its arguments already checked): waits for a serving

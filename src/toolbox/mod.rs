@@ -205,6 +205,8 @@ struct CallLimits {
     prewarm_on: Vec<String>,
     /// `audit_arguments`: the audit log records arguments and results.
     audit_arguments: bool,
+    /// `confirm` and `ask_timeout_s`: which calls wait for a person's yes.
+    asking: crate::manifest::Asking,
 }
 
 impl CallLimits {
@@ -218,6 +220,7 @@ impl CallLimits {
             max_argument_bytes: limits.max_argument_bytes,
             prewarm_on: manifest.start.prewarm_on.clone(),
             audit_arguments: manifest.audit_arguments,
+            asking: manifest.asking.clone(),
         })
     }
 
@@ -297,6 +300,8 @@ impl ToolboxHandle {
         Ok(Admission {
             handle: self,
             audit_arguments: limits.audit_arguments,
+            confirm: limits.asking.confirm.clone(),
+            ask_timeout: Duration::from_secs(limits.asking.ask_timeout_s),
             _count: count,
         })
     }
@@ -560,6 +565,7 @@ impl ToolboxHandle {
             max_argument_bytes: 1 << 20,
             prewarm_on: Vec::new(),
             audit_arguments: false,
+            asking: crate::manifest::Asking::default(),
         }));
         ToolboxHandle {
             id: id.into(),

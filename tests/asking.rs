@@ -1,0 +1,170 @@
+//! Asking the person (DESIGN §5 "Asking the person", docs/protocol.md): a
+//! call under `confirm` waits for a yes on `ovos.tools.ask`, and its child
+//! never sees it without one. A stand-in asker on the real bus answers; the
+//! child's own log (its state directory, read from outside) says what ran.
+
+mod common;
+
+use common::{mark, repo, Bus, Daemon, TempDir};
+use serde_json::{json, Value};
+
+/// The faulty fixture (its `record` tool appends to calls.log in its state
+/// directory) as toolbox `id`, with `extra` TOML.
+fn recorder(id: &str, extra: &str) -> String {
+    format!(
+        "id = \"{id}\"\ncommand = \"python3\"\nargs = [\"{}\"]\n{extra}\n",
+        repo("tests/fixtures/faulty_toolbox.py")
+    )
+}
+
+/// What toolbox `id`'s child recorded, from outside.
+fn recorded(id: &str) -> String {
+    let log = common::root().join(format!("target/test-state/{id}/state/calls.log"));
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// Sends a persona call of `record` with `text` to `toolbox`, in session
+/// `session`, marked `m`.
+async fn call(bus: &mut Bus, m: &str, toolbox: &str, text: &str, session: &str) {
+    let context = json!({"mark": m, "source": "skill-x", "session": {"session_id": session}});
+    let data = json!({"toolbox_id": toolbox, "name": "record", "kwargs": {"text": text}});
+    bus.send("ovos.persona.tools.call", data, context).await;
+}
+
+/// The question on the bus for `toolbox` whose prompt mentions `text`.
+async fn question(asker: &mut Bus, toolbox: &str, text: &str) -> Value {
+    asker
+        .wait_for(common::ANSWER_DEADLINE, |m| {
+            m["type"] == "ovos.tools.ask"
+                && m["data"]["toolbox_id"] == toolbox
+                && m["data"]["prompt"]
+                    .as_str()
+                    .is_some_and(|p| p.contains(text))
+        })
+        .await
+        .unwrap_or_else(|| panic!("no question for {toolbox} about {text}"))
+}
+
+async fn answer(asker: &mut Bus, ask_id: &str, action: &str) {
+    asker
+        .send(
+            "ovos.tools.ask.response",
+            json!({"ask_id": ask_id, "action": action}),
+            json!({}),
+        )
+        .await;
+}
+
+/// An id no earlier run used (its state directory is kept).
+fn unique(tag: &str) -> String {
+    format!("{tag}-{}-{}", std::process::id(), mark())
+}
+
+#[tokio::test]
+async fn a_call_under_confirm_runs_only_after_a_yes() {
+    let id = unique("door");
+    let dir = TempDir::new("asking");
+    dir.write(
+        "door.toml",
+        &recorder(&id, "confirm = [\"rec*\"]\nask_timeout_s = 20\n"),
+    );
+    let short = unique("short");
+    dir.write(
+        "short.toml",
+        &recorder(
+            &short,
+            "confirm = \"destructive\"\nask_timeout_s = 1\n\
+             [annotations.record]\ndestructiveHint = true\n",
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut caller = Bus::connect(&daemon.url).await;
+    let mut asker = Bus::connect(&daemon.url).await;
+    let mut second_asker = Bus::connect(&daemon.url).await;
+
+    // Held, then run after a yes.
+    let m = mark();
+    call(&mut caller, &m, &id, "approved", "s-door").await;
+    let q = question(&mut asker, &id, "approved").await;
+    assert_eq!(q["data"]["kind"], "confirm");
+    assert_eq!(q["data"]["name"], "record");
+    assert_eq!(q["context"]["session"]["session_id"], "s-door");
+    let prompt = q["data"]["prompt"].as_str().unwrap();
+    assert!(
+        prompt.contains("record") && prompt.contains("approved"),
+        "{prompt}"
+    );
+    let ask_id = q["data"]["ask_id"].as_str().unwrap().to_owned();
+    assert_eq!(ask_id.len(), 32, "{ask_id}");
+    assert_eq!(recorded(&id), "", "the child saw the call before the yes");
+    answer(&mut asker, &ask_id, "accept").await;
+    let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+    assert_eq!(r["result"], json!({"recorded": "approved"}), "{r}");
+    assert_eq!(recorded(&id), "approved\n");
+
+    // A no: a clear error, and the child never ran it. Two askers answer:
+    // the first answer to arrive decides.
+    let m = mark();
+    call(&mut caller, &m, &id, "declined", "s-door").await;
+    let q = question(&mut asker, &id, "declined").await;
+    let next_id = q["data"]["ask_id"].as_str().unwrap().to_owned();
+    assert_ne!(next_id, ask_id, "an id is used once");
+    // A replayed yes (the last question's id) and a forged one change nothing.
+    answer(&mut asker, &ask_id, "accept").await;
+    answer(&mut asker, &"0".repeat(32), "accept").await;
+    answer(&mut asker, &next_id, "decline").await;
+    let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+    // The second asker's yes, after the no was taken, changes nothing.
+    answer(&mut second_asker, &next_id, "accept").await;
+    assert_eq!(
+        r["error"],
+        format!("PermissionError: the person declined the call of 'record' in toolbox '{id}'; it was not run"),
+        "{r}"
+    );
+
+    // A stop of the caller's session while it waits.
+    let m = mark();
+    call(&mut caller, &m, &id, "stopped", "s-stop").await;
+    question(&mut asker, &id, "stopped").await;
+    caller
+        .send(
+            "mycroft.stop",
+            json!({}),
+            json!({"session": {"session_id": "s-stop"}}),
+        )
+        .await;
+    let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+    let error = r["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("CancelledError: call cancelled by stop before the person confirmed it"),
+        "{r}"
+    );
+
+    // Nobody answers: a no, after ask_timeout_s.
+    let m = mark();
+    call(&mut caller, &m, &short, "unanswered", "s-short").await;
+    let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+    let error = r["error"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with(&format!(
+            "TimeoutError: nobody confirmed the call of 'record' in toolbox '{short}' within 1 s"
+        )),
+        "{r}"
+    );
+
+    // Only the approved call ever reached a child.
+    assert_eq!(recorded(&id), "approved\n");
+    assert_eq!(recorded(&short), "");
+    // The toolboxes' other calls are served meanwhile, unasked: a tool
+    // not named (or not annotated destructive) needs no yes.
+    for toolbox in [&id, &short] {
+        let r = caller.call(toolbox, "whoami", json!({})).await;
+        assert!(r["error"].is_null(), "{r}");
+    }
+    let questions = asker
+        .wait_for(std::time::Duration::ZERO, |m| {
+            m["type"] == "ovos.tools.ask" && m["data"]["name"] == "whoami"
+        })
+        .await;
+    assert_eq!(questions, None);
+}
