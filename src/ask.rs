@@ -332,6 +332,59 @@ pub fn confirm_prompt(title: &str, toolbox: &str, arguments: &Value) -> String {
     short(&format!("May I run {title} from {toolbox}{with}?"))
 }
 
+/// The question a child's `elicitation/create` `params` ask, during a call
+/// of `tool` in `toolbox` by `session`: its `message` is the prompt, its
+/// `requestedSchema` the schema (form mode; a URL it would open is no
+/// question for a voice).
+pub fn elicitation(
+    params: &Value,
+    toolbox: &str,
+    tool: &str,
+    session: Option<String>,
+) -> Result<Question, AskError> {
+    if params
+        .get("mode")
+        .and_then(Value::as_str)
+        .is_some_and(|m| m != "form")
+    {
+        return Err(AskError::Unaskable(
+            "only form questions can be asked (not a URL to open)".into(),
+        ));
+    }
+    let prompt = params
+        .get("message")
+        .and_then(Value::as_str)
+        .filter(|m| !m.trim().is_empty())
+        .ok_or_else(|| AskError::Unaskable("it has no message to say".into()))?;
+    let schema = params
+        .get("requestedSchema")
+        .cloned()
+        .ok_or_else(|| AskError::Unaskable("it has no requestedSchema".into()))?;
+    Ok(Question {
+        kind: Kind::Elicit { schema },
+        toolbox: toolbox.to_owned(),
+        tool: tool.to_owned(),
+        prompt: short(prompt),
+        session,
+    })
+}
+
+/// The MCP `ElicitResult` a child is answered with: `accept` with the
+/// person's content, `decline` for their no (and for a question that
+/// cannot be asked), `cancel` for anything else (silence, a stop, too
+/// many questions).
+pub fn elicit_result(answer: Result<Option<Value>, AskError>) -> Value {
+    match answer {
+        Ok(content) => json!({"action": "accept", "content": content.unwrap_or_else(|| json!({}))}),
+        Err(AskError::Declined) => json!({"action": "decline"}),
+        Err(AskError::Unaskable(why)) => {
+            tracing::info!("a child's question declined: {why}");
+            json!({"action": "decline"})
+        }
+        Err(_) => json!({"action": "cancel"}),
+    }
+}
+
 /// 128 random bits, as hex: an id nobody can guess.
 fn fresh_id() -> String {
     let mut bytes = [0u8; 16];

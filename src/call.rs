@@ -7,7 +7,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::cancel::Cancel;
-use crate::process::child::ProgressSender;
+use crate::process::child::{ProgressSender, Questioner};
 use crate::util::deadline::Deadline;
 
 /// What a face was asked: a tool, by name (and toolbox, when named), with
@@ -54,6 +54,9 @@ pub struct Call {
     /// The one deadline, computed when it was admitted from the toolbox's
     /// `call_timeout_s` (or the tool's own): every wait ends there.
     pub deadline: Deadline,
+    /// Where its child's questions to the person go while it runs, when
+    /// the toolbox's manifest lets it ask (`elicitation`).
+    pub questions: Option<Questioner>,
 }
 
 impl Call {

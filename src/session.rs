@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::cancel::Cancel;
 use crate::manifest::{LEGACY_VERSIONS, MODERN_VERSIONS};
 use crate::mcp::{self, Era, LegacyTasks, TaskSupport, ToolSpec};
-use crate::process::child::{Kept, ProgressSender, RpcFailure, RpcHandle};
+use crate::process::child::{Kept, ProgressSender, Questioner, RpcFailure, RpcHandle};
 
 /// Most `tools/list` pages followed before giving up on a looping cursor.
 pub const MAX_PAGES: usize = 100;
@@ -111,13 +111,48 @@ impl serde::Serialize for CallMeta<'_> {
     }
 }
 
+/// Where what a child says about a call beside its answer goes.
+#[derive(Default)]
+pub struct Heard {
+    /// Its progress notifications, when the caller asked for progress.
+    pub progress: Option<ProgressSender>,
+    /// Its questions to the person, when its manifest lets it ask.
+    pub questions: Option<Questioner>,
+}
+
+/// A modern call's `_meta` with what toolboxd offers `rpc`'s child added to
+/// its client capabilities.
+fn with_capabilities(mut meta: Value, rpc: &RpcHandle) -> Value {
+    let key = "io.modelcontextprotocol/clientCapabilities";
+    if let (Some(Value::Object(declared)), Value::Object(offered)) =
+        (meta.get_mut(key), client_capabilities(rpc))
+    {
+        declared.extend(offered);
+    }
+    meta
+}
+
+/// What toolboxd offers a child (declared in the legacy `initialize`, and
+/// in each modern call's `_meta`): roots where it has them (its sandbox's
+/// directories), elicitation where its manifest allows it to ask.
+fn client_capabilities(rpc: &RpcHandle) -> Value {
+    let mut capabilities = serde_json::Map::new();
+    if rpc.offers_roots() {
+        capabilities.insert("roots".into(), json!({}));
+    }
+    if rpc.offers_elicitation() {
+        capabilities.insert("elicitation".into(), json!({}));
+    }
+    Value::Object(capabilities)
+}
+
 impl Session {
     /// A session in `era` over `rpc`, offering `tasks` (legacy).
     fn new(rpc: RpcHandle, era: Era, tasks: Option<LegacyTasks>) -> Session {
         let meta = match &era {
             // A modern call declares the tasks extension: toolboxd follows a
             // task the server answers with.
-            Era::Modern(version) => match mcp::modern_call_meta(version) {
+            Era::Modern(version) => match with_capabilities(mcp::modern_call_meta(version), &rpc) {
                 Value::Object(entries) => entries
                     .into_iter()
                     .filter_map(|(k, v)| Some((k, serde_json::value::to_raw_value(&v).ok()?)))
@@ -289,12 +324,7 @@ impl Session {
         version: &str,
         limit: Duration,
     ) -> Result<Session, HandshakeError> {
-        // Roots, where the child has them (its sandbox's directories).
-        let capabilities = if rpc.offers_roots() {
-            json!({"roots": {}})
-        } else {
-            json!({})
-        };
+        let capabilities = client_capabilities(&rpc);
         let params = json!({
             "protocolVersion": version,
             "capabilities": capabilities,
@@ -453,9 +483,10 @@ impl Session {
 
     /// One `tools/call` until `deadline` (or a stop: `cancel`); the raw MCP
     /// result. `hold` (the call's slot) stays held until the child is done
-    /// with the call, even past the deadline. With `progress`, the call
-    /// carries a `progressToken` and the child's progress notifications for
-    /// it go there. A tool the child runs as a task is followed to its
+    /// with the call, even past the deadline. With `heard.progress`, the
+    /// call carries a `progressToken` and the child's progress
+    /// notifications for it go there; with `heard.questions`, its questions
+    /// to the person (elicitation) go there while it runs. A tool the child runs as a task is followed to its
     /// result (`tasks`).
     pub async fn call_tool(
         &self,
@@ -464,10 +495,14 @@ impl Session {
         deadline: tokio::time::Instant,
         cancel: &mut Cancel,
         hold: Kept,
-        progress: Option<ProgressSender>,
+        heard: Heard,
     ) -> Result<Value, RpcFailure> {
         // Registered for the whole call, a task's included.
-        let watch = progress.map(|sender| self.rpc.watch_progress(sender));
+        let watch = heard.progress.map(|sender| self.rpc.watch_progress(sender));
+        let _questions = heard
+            .questions
+            .filter(|_| self.rpc.offers_elicitation())
+            .map(|q| self.rpc.watch_questions(q));
         let mut params = CallParams {
             name,
             arguments: &arguments,

@@ -168,3 +168,92 @@ async fn a_call_under_confirm_runs_only_after_a_yes() {
         .await;
     assert_eq!(questions, None);
 }
+
+#[tokio::test]
+async fn a_childs_question_reaches_the_person_and_their_answer_the_child() {
+    // @modelcontextprotocol/server-everything asks for a form of fields
+    // (elicitation/create) only of a client that declares elicitation: its
+    // manifest allows it. The person's answer comes back in its result.
+    let server = common::root().join("tests/node/node_modules/.bin/mcp-server-everything");
+    let dir = TempDir::new("asking-elicit");
+    dir.write(
+        "everything.toml",
+        &format!(
+            "id = \"everything\"\ncommand = \"{}\"\nargs = [\"stdio\"]\nelicitation = true\n\
+             ask_timeout_s = 20\n",
+            server.display()
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut caller = Bus::connect(&daemon.url).await;
+    let mut asker = Bus::connect(&daemon.url).await;
+
+    let ask = |m: &str, session: &str| {
+        let context = json!({"mark": m, "session": {"session_id": session}});
+        let data = json!({"toolbox_id": "everything", "name": "trigger-elicitation-request",
+                          "kwargs": {}});
+        (data, context)
+    };
+    let m = mark();
+    let (data, context) = ask(&m, "s-form");
+    caller.send("ovos.persona.tools.call", data, context).await;
+    let q = asker
+        .wait_for(common::ANSWER_DEADLINE, |m| {
+            m["type"] == "ovos.tools.ask" && m["context"]["session"]["session_id"] == "s-form"
+        })
+        .await
+        .expect("the child's question on the bus");
+    assert_eq!(q["data"]["kind"], "elicit", "{q}");
+    assert_eq!(q["data"]["toolbox_id"], "everything");
+    assert_eq!(q["data"]["name"], "trigger-elicitation-request");
+    assert_eq!(
+        q["data"]["prompt"],
+        "Please provide inputs for the following fields:"
+    );
+    assert_eq!(q["data"]["schema"]["required"], json!(["name"]), "{q}");
+    let ask_id = q["data"]["ask_id"].as_str().unwrap().to_owned();
+    // Content that fails the schema is no answer: the question waits on.
+    for content in [json!({"name": 7}), json!({"integer": 5}), json!("Ada")] {
+        asker
+            .send(
+                "ovos.tools.ask.response",
+                json!({"ask_id": ask_id, "action": "accept", "content": content}),
+                json!({}),
+            )
+            .await;
+    }
+    asker
+        .send(
+            "ovos.tools.ask.response",
+            json!({"ask_id": ask_id, "action": "accept",
+                   "content": {"name": "Ada Lovelace", "integer": 7}}),
+            json!({}),
+        )
+        .await;
+    let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+    let text = r["result"]["content"].as_str().unwrap_or_default();
+    assert!(text.contains("- Name: Ada Lovelace"), "{r}");
+    assert!(text.contains("- Favorite Integer: 7"), "{r}");
+
+    // A no reaches it as a decline.
+    let m = mark();
+    let (data, context) = ask(&m, "s-no");
+    caller.send("ovos.persona.tools.call", data, context).await;
+    let q = asker
+        .wait_for(common::ANSWER_DEADLINE, |m| {
+            m["type"] == "ovos.tools.ask" && m["context"]["session"]["session_id"] == "s-no"
+        })
+        .await
+        .expect("the second question");
+    let ask_id = q["data"]["ask_id"].as_str().unwrap().to_owned();
+    asker
+        .send(
+            "ovos.tools.ask.response",
+            json!({"ask_id": ask_id, "action": "decline"}),
+            json!({}),
+        )
+        .await;
+    let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+    let text = r["result"]["content"].as_str().unwrap_or_default();
+    assert!(text.contains("User declined"), "{r}");
+}

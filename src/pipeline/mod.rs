@@ -26,6 +26,7 @@ use serde_json::Value;
 use crate::ask::{self, Asker, Question};
 use crate::call::{Call, Request};
 use crate::observe::{Ending, Finished, Observer};
+use crate::process::child::Questioner;
 use crate::registry::{Catalog, Registry, Resolved};
 use crate::tool::Tool;
 use crate::toolbox::{CallError, State, ToolboxHandle};
@@ -95,6 +96,7 @@ impl Pipeline {
                 deadline: handle.deadline(&request.tool, request.arrived),
                 toolbox: handle.id().to_owned(),
                 request,
+                questions: None,
             }),
             Err(failure) => {
                 let failed = Failed::from(failure);
@@ -165,6 +167,9 @@ impl Pipeline {
             // A person took their time: the call's own deadline starts now.
             call.deadline = handle.deadline(call.tool(), tokio::time::Instant::now());
         }
+        if let Some(wait) = admission.questions_wait() {
+            call.questions = Some(self.questioner(call, &tool, wait));
+        }
         let answer = match admission.call(call).await {
             Ok(result) => output::answer_of(result, &tool, &call.toolbox),
             Err(error) => Err(failure(call, error)),
@@ -219,6 +224,28 @@ impl Pipeline {
                 why,
             }),
         }
+    }
+
+    /// Where the child's questions during `call` go: to the person behind
+    /// it, each within `wait`; the answer as MCP's `ElicitResult`.
+    fn questioner(&self, call: &Call, tool: &Tool, wait: std::time::Duration) -> Questioner {
+        let asker = self.asker.clone();
+        let (toolbox, name) = (call.toolbox.clone(), tool.name.clone());
+        let session = call.request.session.clone();
+        Arc::new(move |params: Value| {
+            let question = ask::elicitation(&params, &toolbox, &name, session.clone());
+            let asker = asker.clone();
+            Box::pin(async move {
+                let question = match question {
+                    Ok(question) => question,
+                    Err(why) => return ask::elicit_result(Err(why)),
+                };
+                let answer = asker
+                    .ask(question, wait, &mut crate::cancel::Cancel::never())
+                    .await;
+                ask::elicit_result(answer)
+            })
+        })
     }
 
     /// The toolbox and the tool of `call`. A toolbox still starting for the

@@ -25,6 +25,8 @@ pub struct Admission<'a> {
     pub(super) confirm: crate::manifest::Confirm,
     /// Its manifest's `ask_timeout_s`: how long they wait.
     pub(super) ask_timeout: Duration,
+    /// Its manifest's `elicitation`: its child may ask the person.
+    pub(super) elicitation: bool,
 }
 
 impl Admission<'_> {
@@ -44,6 +46,12 @@ impl Admission<'_> {
             other => other.needs(&tool.name, false),
         };
         needed.then_some(self.ask_timeout)
+    }
+
+    /// How long a question of its child waits for the person, if its
+    /// manifest lets it ask (`elicitation`).
+    pub fn questions_wait(&self) -> Option<Duration> {
+        self.elicitation.then_some(self.ask_timeout)
     }
 
     /// Runs `call` (its arguments already checked): waits for a serving
@@ -102,7 +110,10 @@ impl Admission<'_> {
                     deadline.at(),
                     &mut call.request.cancel,
                     Kept::new(slot),
-                    call.request.progress.take(),
+                    crate::session::Heard {
+                        progress: call.request.progress.take(),
+                        questions: call.questions.take(),
+                    },
                 )
                 .await;
             return match outcome {

@@ -302,6 +302,7 @@ impl ToolboxHandle {
             audit_arguments: limits.audit_arguments,
             confirm: limits.asking.confirm.clone(),
             ask_timeout: Duration::from_secs(limits.asking.ask_timeout_s),
+            elicitation: limits.asking.elicitation,
             _count: count,
         })
     }
@@ -545,6 +546,7 @@ impl ToolboxHandle {
             },
             toolbox: self.id().to_owned(),
             deadline: self.deadline(tool, arrived),
+            questions: None,
         };
         let admission = self.admit(&call)?;
         let answer = admission.call(&mut call).await;

@@ -21,7 +21,10 @@ mod spawner;
 pub(crate) mod stand_in;
 
 pub use logs::{LogLine, StderrLog, LOG_LINES};
-pub use rpc::{Kept, PastDeadline, ProgressSender, ProgressWatch, RpcFailure, RpcHandle};
+pub use rpc::{
+    Kept, PastDeadline, ProgressSender, ProgressWatch, QuestionWatch, Questioner, RpcFailure,
+    RpcHandle,
+};
 
 use std::ffi::OsString;
 use std::fmt;
@@ -295,6 +298,7 @@ impl Child {
             kept.as_ref()
                 .and_then(|k| k.reach.as_ref())
                 .map(|r| r.roots()),
+            manifest.asking.elicitation,
         );
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let (exit_tx, exit_rx) = watch::channel(None);

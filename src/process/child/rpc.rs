@@ -32,6 +32,15 @@ use long_line::{peek_long, LongLine, MAX_LOG_MESSAGE_BYTES};
 /// progress costs one value per call, never a queue.
 pub type ProgressSender = watch::Sender<Option<Progress>>;
 
+/// Where a child's question to the person (MCP `elicitation/create`) goes
+/// while a call that may ask is in flight: given the request's `params`,
+/// the `ElicitResult` to answer with (`action`, and `content` on accept).
+pub type Questioner = Arc<
+    dyn Fn(Value) -> std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// What a request does when its deadline passes (or a stop cancels it)
 /// before its answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +107,12 @@ pub(super) struct Link {
     /// keep files in, and those its arguments name); `None`, and no roots
     /// declared, when it is not confined.
     roots: Option<Value>,
+    /// Whether it may ask the person questions (its manifest's
+    /// `elicitation`): declared to it only then.
+    elicitation: bool,
+    /// The calls in flight that may ask, latest last: a question goes to
+    /// the latest (stdio says no more of which call asks).
+    questioners: Mutex<Vec<(u64, Questioner)>>,
 }
 
 impl Link {
@@ -111,6 +126,7 @@ impl Link {
         stdin_budget: usize,
         kill: Kill,
         roots: Option<Value>,
+        elicitation: bool,
     ) -> (Arc<Link>, Arc<std::sync::atomic::AtomicUsize>) {
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let link = Arc::new(Link {
@@ -126,6 +142,8 @@ impl Link {
             kill,
             progress: Mutex::new(HashMap::new()),
             roots,
+            elicitation,
+            questioners: Mutex::new(Vec::new()),
         });
         (link, queued)
     }
@@ -239,6 +257,24 @@ impl ProgressWatch {
     }
 }
 
+/// A call's questioner, registered while it is in flight.
+pub struct QuestionWatch {
+    /// Where it is registered.
+    link: Arc<Link>,
+    /// Its place there.
+    token: u64,
+}
+
+impl Drop for QuestionWatch {
+    fn drop(&mut self) {
+        self.link
+            .questioners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(token, _)| *token != self.token);
+    }
+}
+
 impl Drop for ProgressWatch {
     fn drop(&mut self) {
         self.link
@@ -259,6 +295,26 @@ impl RpcHandle {
     /// Whether the child is offered MCP roots (declared in the handshake).
     pub fn offers_roots(&self) -> bool {
         self.link.roots.is_some()
+    }
+
+    /// Whether the child may ask the person questions (declared then).
+    pub fn offers_elicitation(&self) -> bool {
+        self.link.elicitation
+    }
+
+    /// Registers `questioner` for the child's questions while the returned
+    /// watch lives (the call's time on the child).
+    pub fn watch_questions(&self, questioner: Questioner) -> QuestionWatch {
+        let token = self.link.next_id.fetch_add(1, Ordering::Relaxed);
+        self.link
+            .questioners
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((token, questioner));
+        QuestionWatch {
+            link: self.link.clone(),
+            token,
+        }
     }
 
     /// Sends a request and waits for its answer. Dropping the future (e.g. on a
@@ -512,6 +568,32 @@ async fn read_line_bounded<R: AsyncRead + Unpin>(
 
 /// Owns stdout: routes responses to callers, answers the child's requests,
 /// forwards notifications. A protocol break closes the link and kills the child.
+/// A child's question (`elicitation/create`, request `id`): to the person
+/// through the latest call in flight that may ask, answered when they have
+/// answered (within the question's own deadline); with no such call, a
+/// `cancel` at once. The read loop goes on meanwhile.
+fn ask_the_person(link: &Arc<Link>, id: Value, params: Value) {
+    let questioner = link
+        .questioners
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .last()
+        .map(|(_, q)| q.clone());
+    let Some(questioner) = questioner else {
+        tracing::info!(toolbox = %link.toolbox, pid = link.pid, "a question with no call in flight to ask for: cancelled");
+        link.send(mcp::response_line(
+            &id,
+            Ok(serde_json::json!({"action": "cancel"})),
+        ));
+        return;
+    };
+    let link = link.clone();
+    tokio::spawn(async move {
+        let result = questioner(params).await;
+        link.send(mcp::response_line(&id, Ok(result)));
+    });
+}
+
 pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
     link: Arc<Link>,
     stdout: R,
@@ -619,7 +701,11 @@ pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
                     ),
                 }
             }
-            Ok(Incoming::Request { id, method, .. }) => {
+            Ok(Incoming::Request { id, method, params }) => {
+                if method == "elicitation/create" && link.elicitation {
+                    ask_the_person(&link, id, params);
+                    continue;
+                }
                 // Answered at once, so the child never waits on us: roots
                 // where it has them, nothing else toolboxd offers.
                 let answer = if method == "ping" {

@@ -32,7 +32,7 @@ pub(in crate::process::child) fn over_pipes(
     let (daemon_stdin, child_stdin) = tokio::io::duplex(pipe);
     let (child_stdout, daemon_stdout) = tokio::io::duplex(64 * 1024);
     let (lines_tx, lines_rx) = mpsc::unbounded_channel();
-    let (link, queued) = Link::new(toolbox.to_owned(), 0, lines_tx, max, kill, None);
+    let (link, queued) = Link::new(toolbox.to_owned(), 0, lines_tx, max, kill, None, false);
     let (events_tx, events) = mpsc::unbounded_channel();
     let (exit, exit_rx) = watch::channel(None);
     tokio::spawn(write_stdin(daemon_stdin, lines_rx, queued));
