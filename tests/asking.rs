@@ -257,3 +257,85 @@ async fn a_childs_question_reaches_the_person_and_their_answer_the_child() {
     let text = r["result"]["content"].as_str().unwrap_or_default();
     assert!(text.contains("User declined"), "{r}");
 }
+
+#[tokio::test]
+async fn a_flood_of_questions_is_bounded_and_the_toolbox_serves_on() {
+    // A child asks twenty questions at once, then one with a 10,000-byte
+    // message, then one with a 20 KiB schema: at most four reach the bus,
+    // the rest are answered `cancel` at once, the long message is cut, the
+    // huge schema declined unasked; its other calls are served meanwhile.
+    let dir = TempDir::new("asking-flood");
+    dir.write(
+        "flood.toml",
+        &format!(
+            "id = \"flood\"\ncommand = \"python3\"\nargs = [\"{}\"]\nelicitation = true\n\
+             ask_timeout_s = 3\nprotocol = \"2025-06-18\"\n",
+            repo("tests/fixtures/asking_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut caller = Bus::connect(&daemon.url).await;
+    let mut asker = Bus::connect(&daemon.url).await;
+
+    let m = mark();
+    let data = json!({"toolbox_id": "flood", "name": "ask_many", "kwargs": {"n": 20}});
+    caller
+        .send("ovos.persona.tools.call", data, json!({"mark": m}))
+        .await;
+    // The questions that got through, while the call waits on them: four.
+    let mut asked = std::collections::HashSet::new();
+    while let Some(q) = asker
+        .wait_for(std::time::Duration::from_millis(500), |q| {
+            q["type"] == "ovos.tools.ask"
+                && q["data"]["toolbox_id"] == "flood"
+                && !asked.contains(q["data"]["ask_id"].as_str().unwrap_or(""))
+        })
+        .await
+    {
+        asked.insert(q["data"]["ask_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        asked.len(),
+        4,
+        "only four of a toolbox's questions wait at once"
+    );
+    // Its other calls are served meanwhile.
+    let r = caller
+        .call("flood", "echo", json!({"text": "still here"}))
+        .await;
+    assert_eq!(r["result"], json!({"echo": "still here"}), "{r}");
+    // Unanswered, the four end as `cancel` too, after ask_timeout_s.
+    let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+    assert_eq!(r["result"], json!({"cancel": 20}), "{r}");
+
+    // A long message is cut; a huge schema is declined without asking.
+    let m = mark();
+    let data = json!({"toolbox_id": "flood", "name": "ask_many",
+                      "kwargs": {"n": 1, "message_bytes": 10000}});
+    caller
+        .send("ovos.persona.tools.call", data, json!({"mark": m}))
+        .await;
+    let q = asker
+        .wait_for(common::ANSWER_DEADLINE, |q| {
+            q["type"] == "ovos.tools.ask"
+                && q["data"]["prompt"]
+                    .as_str()
+                    .is_some_and(|p| p.ends_with('…'))
+        })
+        .await
+        .expect("the long question, cut");
+    assert!(
+        q["data"]["prompt"].as_str().unwrap().chars().count() <= 300,
+        "{q}"
+    );
+    let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+    assert_eq!(r["result"], json!({"cancel": 1}), "{r}");
+    let m = mark();
+    let data = json!({"toolbox_id": "flood", "name": "ask_many",
+                      "kwargs": {"n": 1, "schema_bytes": 20000}});
+    caller
+        .send("ovos.persona.tools.call", data, json!({"mark": m}))
+        .await;
+    let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+    assert_eq!(r["result"], json!({"decline": 1}), "{r}");
+}
