@@ -211,3 +211,29 @@ fn the_plugin_converts_schemas_and_says_when_the_bus_or_the_daemon_is_away() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("Ran 6 tests"), "{stderr}");
 }
+
+#[test]
+fn the_ask_skill_answers_yes_no_silence_an_enum_and_an_unaskable_schema() {
+    // python/ovos-skill-toolboxd-ask's own tests: ovos-workshop's skill
+    // class on a FakeBus, the person's words scripted.
+    let home = TempDir::new("ask-skill-xdg");
+    let mut command = Command::new(agents_python());
+    let out = common::output_within(
+        common::ovos_home(&mut command, home.path())
+            .args(["-m", "unittest", "discover", "-v", "-s"])
+            .arg(common::repo("python/ovos-skill-toolboxd-ask/tests")),
+        Duration::from_secs(120),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("Ran 10 tests"), "{stderr}");
+    for test in [
+        "test_yes_approves_and_the_answer_goes_back_to_the_asking_session",
+        "test_no_declines",
+        "test_silence_cancels",
+        "test_an_enum_is_chosen_from_its_values",
+        "test_an_unaskable_schema_is_declined_with_a_reason",
+    ] {
+        assert!(stderr.contains(&format!("{test} (")), "{test}: {stderr}");
+    }
+}

@@ -339,3 +339,70 @@ async fn a_flood_of_questions_is_bounded_and_the_toolbox_serves_on() {
     let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
     assert_eq!(r["result"], json!({"decline": 1}), "{r}");
 }
+
+/// The reference skill (python/ovos-skill-toolboxd-ask) on the bus at
+/// `url`, hearing `heard` in turn; returns once it listens.
+fn skill_on_bus(url: &str, heard: &[&str], home: &std::path::Path) -> common::Reaped {
+    use std::io::BufRead;
+    let python = common::root().join(".venv-agents/bin/python");
+    assert!(python.exists(), "{}: run scripts/test", python.display());
+    let mut command = std::process::Command::new(python);
+    common::ovos_home(&mut command, home)
+        .arg(repo("tests/python/ask_skill_on_bus.py"))
+        .arg(common::port_of(url).to_string())
+        .args(heard)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = common::Reaped(command.spawn().unwrap());
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(line) if line == "ready" => return child,
+            Ok(_) => {}
+            Err(e) => panic!("the skill did not start listening: {e}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_reference_skill_asks_by_voice_on_the_real_bus() {
+    // toolboxd asks, the skill speaks the prompt and hears "yes" (then
+    // "no", then nothing): the first call runs, the second and third do
+    // not, each with its reason.
+    let id = unique("voice");
+    let dir = TempDir::new("asking-voice");
+    dir.write(
+        "voice.toml",
+        &recorder(&id, "confirm = [\"record\"]\nask_timeout_s = 20\n"),
+    );
+    let daemon = Daemon::start(dir.path());
+    let home = TempDir::new("asking-voice-home");
+    let _skill = skill_on_bus(&daemon.url, &["yes, go ahead", "no"], home.path());
+    let mut caller = Bus::connect(&daemon.url).await;
+    for (text, expected) in [
+        ("first", None),
+        ("second", Some("PermissionError: the person declined")),
+        ("third", Some("PermissionError: the person cancelled")),
+    ] {
+        let m = mark();
+        call(&mut caller, &m, &id, text, "s-voice").await;
+        let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+        match expected {
+            None => assert_eq!(r["result"], json!({"recorded": text}), "{r}"),
+            Some(error) => {
+                let said = r["error"].as_str().unwrap_or_default();
+                assert!(said.starts_with(error), "{text}: {r}");
+            }
+        }
+    }
+    assert_eq!(recorded(&id), "first\n");
+}
