@@ -127,6 +127,8 @@ impl Asker {
         wait: Duration,
         stop: &mut Cancel,
     ) -> Result<Option<Value>, AskError> {
+        // Room first: a child past its share costs no schema compilation.
+        self.room_for(&self.pending(), &question.toolbox)?;
         let schema = match &question.kind {
             Kind::Confirm => None,
             Kind::Elicit { schema } => Some(Arc::new(askable(schema)?)),
@@ -135,18 +137,7 @@ impl Asker {
         let (reply, answer) = oneshot::channel();
         {
             let mut pending = self.pending();
-            let mine = pending
-                .values()
-                .filter(|p| p.toolbox == question.toolbox)
-                .count();
-            if mine >= MAX_PENDING_PER_TOOLBOX {
-                return Err(AskError::TooMany {
-                    max: MAX_PENDING_PER_TOOLBOX,
-                });
-            }
-            if pending.len() >= MAX_PENDING {
-                return Err(AskError::TooMany { max: MAX_PENDING });
-            }
+            self.room_for(&pending, &question.toolbox)?;
             pending.insert(
                 id.clone(),
                 Pending {
@@ -163,12 +154,14 @@ impl Asker {
             id: &id,
         };
         let _ = self.out.send(request(&id, &question, wait).encode());
+        // The prompt quotes a caller's arguments or a child's words:
+        // escaped, so it cannot forge a log line.
         tracing::info!(
             toolbox = %question.toolbox,
             tool = %question.tool,
             kind = kind_name(&question.kind),
             "asking the person: {}",
-            question.prompt
+            crate::util::throttle::escape_controls(&question.prompt)
         );
         let reply = tokio::select! {
             reply = answer => reply.map_err(|_| AskError::Stopped)?,
@@ -182,6 +175,20 @@ impl Asker {
             Reply::Decline => Err(AskError::Declined),
             Reply::Cancel => Err(AskError::Cancelled),
         }
+    }
+
+    /// Whether one more question of `toolbox` may wait.
+    fn room_for(&self, pending: &HashMap<String, Pending>, toolbox: &str) -> Result<(), AskError> {
+        let mine = pending.values().filter(|p| p.toolbox == toolbox).count();
+        if mine >= MAX_PENDING_PER_TOOLBOX {
+            return Err(AskError::TooMany {
+                max: MAX_PENDING_PER_TOOLBOX,
+            });
+        }
+        if pending.len() >= MAX_PENDING {
+            return Err(AskError::TooMany { max: MAX_PENDING });
+        }
+        Ok(())
     }
 
     /// An `ovos.tools.ask.response` frame: the answer to the question it
@@ -314,22 +321,49 @@ fn askable(schema: &Value) -> Result<jsonschema::Validator, AskError> {
 /// The prompt of a confirmation: the tool (its title, when it has one),
 /// its toolbox, and the arguments it would run with, speakable.
 pub fn confirm_prompt(title: &str, toolbox: &str, arguments: &Value) -> String {
-    let mut said = Vec::new();
-    if let Some(arguments) = arguments.as_object() {
-        for (key, value) in arguments.iter().take(4) {
-            let value = match value {
-                Value::String(s) => cut(s, 60).to_owned(),
-                other => cut(&other.to_string(), 60).to_owned(),
-            };
-            said.push(format!("{key} {value}"));
-        }
-    }
+    let (title, toolbox) = (speakable(title), speakable(toolbox));
+    let said: Vec<String> = match arguments.as_object() {
+        Some(arguments) => arguments
+            .iter()
+            .map(|(key, value)| {
+                let value = match value {
+                    Value::String(s) => speakable(s),
+                    other => speakable(&other.to_string()),
+                };
+                format!("{} {value}", speakable(key))
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let with = if said.is_empty() {
         String::new()
     } else {
         format!(" with {}", said.join(", "))
     };
-    short(&format!("May I run {title} from {toolbox}{with}?"))
+    let prompt = format!("May I run {title} from {toolbox}{with}?");
+    if prompt.chars().count() <= MAX_PROMPT_CHARS {
+        return prompt;
+    }
+    // Every argument is said, whole, or the person is told they are not:
+    // a yes to half a call is no yes (a value padded past what is read, a
+    // decoy argument first).
+    let count = match said.len() {
+        1 => "an argument".to_owned(),
+        n => format!("{n} arguments"),
+    };
+    short(&format!(
+        "May I run {title} from {toolbox} with {count} too long to read out? Say no unless \
+         you expected this."
+    ))
+}
+
+/// `text` as it is said: runs of white space (padding that would hide
+/// what follows) made one space, control characters dropped.
+fn speakable(text: &str) -> String {
+    text.split_whitespace()
+        .map(|word| word.chars().filter(|c| !c.is_control()).collect::<String>())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The question a child's `elicitation/create` `params` ask, during a call
@@ -378,7 +412,14 @@ pub fn elicit_result(answer: Result<Option<Value>, AskError>) -> Value {
         Ok(content) => json!({"action": "accept", "content": content.unwrap_or_else(|| json!({}))}),
         Err(AskError::Declined) => json!({"action": "decline"}),
         Err(AskError::Unaskable(why)) => {
-            tracing::info!("a child's question declined: {why}");
+            // Within a rate, escaped: a child may ask any number.
+            static BUDGET: Mutex<Option<LogBudget>> = Mutex::new(None);
+            let mut budget = BUDGET.lock().unwrap_or_else(|e| e.into_inner());
+            let budget = budget.get_or_insert_with(|| LogBudget::new(IGNORED_PER_SECOND));
+            if budget.take().is_some() {
+                let why = crate::util::throttle::escape_controls(&why).into_owned();
+                tracing::info!("a child's question declined: {why}");
+            }
             json!({"action": "decline"})
         }
         Err(_) => json!({"action": "cancel"}),
@@ -555,11 +596,27 @@ mod tests {
     }
 
     #[test]
-    fn a_prompt_is_short_and_speakable() {
+    fn a_prompt_says_every_argument_whole_or_says_it_cannot() {
         let p = confirm_prompt("Unlock the door", "home", &json!({"door": "front"}));
         assert_eq!(p, "May I run Unlock the door from home with door front?");
+        // Padding cannot push the rest out of what is said.
+        let padded = format!("ls{}; rm -rf ~", " ".repeat(58));
+        let p = confirm_prompt("Shell", "sh", &json!({"command": padded}));
+        assert_eq!(p, "May I run Shell from sh with command ls ; rm -rf ~?");
+        // Decoys first: every argument is said, or none is and the person
+        // is told why.
+        let p = confirm_prompt(
+            "Shell",
+            "sh",
+            &json!({"a": 1, "b": 2, "c": 3, "d": 4, "z": "rm"}),
+        );
+        assert!(p.ends_with("with a 1, b 2, c 3, d 4, z rm?"), "{p}");
         let long = confirm_prompt("x", "home", &json!({"text": "y".repeat(5000)}));
         assert!(long.chars().count() <= MAX_PROMPT_CHARS, "{long}");
+        assert!(
+            long.contains("with an argument too long to read out"),
+            "{long}"
+        );
         assert_eq!(short(&"z".repeat(1000)).chars().count(), MAX_PROMPT_CHARS);
     }
 }

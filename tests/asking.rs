@@ -406,3 +406,105 @@ async fn the_reference_skill_asks_by_voice_on_the_real_bus() {
     }
     assert_eq!(recorded(&id), "first\n");
 }
+
+#[tokio::test]
+async fn a_childs_question_is_asked_only_of_its_callers_person_and_ends_with_its_call() {
+    let dir = TempDir::new("asking-owner");
+    dir.write(
+        "owner.toml",
+        &format!(
+            "id = \"owner\"\ncommand = \"python3\"\nargs = [\"{}\"]\nelicitation = true\n\
+             ask_timeout_s = 60\nprotocol = \"2025-06-18\"\n[limits]\ncall_timeout_s = 2\n",
+            repo("tests/fixtures/asking_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let mut caller = Bus::connect(&daemon.url).await;
+    let mut asker = Bus::connect(&daemon.url).await;
+    let ask_many = |n: u64| json!({"toolbox_id": "owner", "name": "ask_many", "kwargs": {"n": n}});
+    let questions_of = |session: &'static str| {
+        move |q: &Value| {
+            q["type"] == "ovos.tools.ask" && q["context"]["session"]["session_id"] == session
+        }
+    };
+
+    // Alice's call asks: her question is on the bus. Bob's call, in flight
+    // beside it, asks too: whose question that is cannot be told, so it
+    // is put to nobody (cancel), and Alice's stays hers.
+    let (alice, bob) = (mark(), mark());
+    caller
+        .send(
+            "ovos.persona.tools.call",
+            ask_many(1),
+            json!({"mark": alice, "session": {"session_id": "alice"}}),
+        )
+        .await;
+    let q = asker
+        .wait_for(common::ANSWER_DEADLINE, questions_of("alice"))
+        .await
+        .expect("Alice's question");
+    caller
+        .send(
+            "ovos.persona.tools.call",
+            ask_many(1),
+            json!({"mark": bob, "session": {"session_id": "bob"}}),
+        )
+        .await;
+    let r = caller.persona_answer(&bob, common::ANSWER_DEADLINE).await;
+    assert_eq!(r["result"], json!({"cancel": 1}), "{r}");
+    assert!(
+        asker
+            .wait_for(std::time::Duration::ZERO, questions_of("bob"))
+            .await
+            .is_none(),
+        "Bob was asked Alice's question"
+    );
+
+    // Alice's call ends (its 2 s deadline) before she answers: her
+    // question ends with it, and a late yes finds nothing.
+    let r = caller.persona_answer(&alice, common::ANSWER_DEADLINE).await;
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("TimeoutError"),
+        "{r}"
+    );
+    let ask_id = q["data"]["ask_id"].as_str().unwrap();
+    asker
+        .send(
+            "ovos.tools.ask.response",
+            json!({"ask_id": ask_id, "action": "accept", "content": {"answer": "late"}}),
+            json!({}),
+        )
+        .await;
+    // Its place is free again: four new questions of the toolbox reach the
+    // bus (with the old one still held, only three would).
+    let carol = mark();
+    caller
+        .send(
+            "ovos.persona.tools.call",
+            ask_many(4),
+            json!({"mark": carol, "session": {"session_id": "carol"}}),
+        )
+        .await;
+    let mut asked = std::collections::HashSet::new();
+    while asked.len() < 4 {
+        let q = asker
+            .wait_for(common::ANSWER_DEADLINE, |q| {
+                questions_of("carol")(q)
+                    && !asked.contains(q["data"]["ask_id"].as_str().unwrap_or(""))
+            })
+            .await
+            .unwrap_or_else(|| panic!("only {} of Carol's questions reached the bus", asked.len()));
+        asked.insert(q["data"]["ask_id"].as_str().unwrap().to_owned());
+    }
+    let r = caller.persona_answer(&carol, common::ANSWER_DEADLINE).await;
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("TimeoutError"),
+        "{r}"
+    );
+}

@@ -288,17 +288,25 @@ impl Relay {
             .context
             .insert("session".into(), serde_json::json!({"session_id": session}));
         self.send(message);
+        let stop = || {
+            let mut stop = Message::new(STOP, Object::new());
+            stop.context
+                .insert("session".into(), serde_json::json!({"session_id": session}));
+            self.send(stop);
+        };
         let outcome = tokio::select! {
             answer = tokio::time::timeout(self.call_wait, answered) => match answer {
                 Ok(Ok(data)) => Ok(data),
                 Ok(Err(_)) => Err(RelayError::Lost),
-                Err(_) => Err(RelayError::NoAnswer { secs: self.call_wait.as_secs() }),
+                Err(_) => {
+                    // The client is told there is no answer: the call must
+                    // not run after all (a person's late yes included).
+                    stop();
+                    Err(RelayError::NoAnswer { secs: self.call_wait.as_secs() })
+                }
             },
             () = cancelled => {
-                let mut stop = Message::new(STOP, Object::new());
-                stop.context
-                    .insert("session".into(), serde_json::json!({"session_id": session}));
-                self.send(stop);
+                stop();
                 Err(RelayError::Cancelled)
             }
         };

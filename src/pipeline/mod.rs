@@ -26,7 +26,7 @@ use serde_json::Value;
 use crate::ask::{self, Asker, Question};
 use crate::call::{Call, Request};
 use crate::observe::{Ending, Finished, Observer};
-use crate::process::child::Questioner;
+use crate::process::child::{Answering, Questioner};
 use crate::registry::{Catalog, Registry, Resolved};
 use crate::tool::Tool;
 use crate::toolbox::{CallError, State, ToolboxHandle};
@@ -232,20 +232,28 @@ impl Pipeline {
         let asker = self.asker.clone();
         let (toolbox, name) = (call.toolbox.clone(), tool.name.clone());
         let session = call.request.session.clone();
-        Arc::new(move |params: Value| {
+        let for_session = session.clone();
+        let ask = Arc::new(move |params: Value| {
             let question = ask::elicitation(&params, &toolbox, &name, session.clone());
             let asker = asker.clone();
-            Box::pin(async move {
+            let asked: Answering = Box::pin(async move {
                 let question = match question {
                     Ok(question) => question,
                     Err(why) => return ask::elicit_result(Err(why)),
                 };
+                // The call's end (its stop included) withdraws it: the
+                // child's link drops this wait then.
                 let answer = asker
                     .ask(question, wait, &mut crate::cancel::Cancel::never())
                     .await;
                 ask::elicit_result(answer)
-            })
-        })
+            });
+            asked
+        });
+        Questioner {
+            session: for_session,
+            ask,
+        }
     }
 
     /// The toolbox and the tool of `call`. A toolbox still starting for the

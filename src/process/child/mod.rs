@@ -22,8 +22,8 @@ pub(crate) mod stand_in;
 
 pub use logs::{LogLine, StderrLog, LOG_LINES};
 pub use rpc::{
-    Kept, PastDeadline, ProgressSender, ProgressWatch, QuestionWatch, Questioner, RpcFailure,
-    RpcHandle,
+    Answering, Kept, PastDeadline, ProgressSender, ProgressWatch, QuestionWatch, Questioner,
+    RpcFailure, RpcHandle,
 };
 
 use std::ffi::OsString;

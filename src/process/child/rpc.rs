@@ -32,14 +32,33 @@ use long_line::{peek_long, LongLine, MAX_LOG_MESSAGE_BYTES};
 /// progress costs one value per call, never a queue.
 pub type ProgressSender = watch::Sender<Option<Progress>>;
 
-/// Where a child's question to the person (MCP `elicitation/create`) goes
-/// while a call that may ask is in flight: given the request's `params`,
-/// the `ElicitResult` to answer with (`action`, and `content` on accept).
-pub type Questioner = Arc<
-    dyn Fn(Value) -> std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>
-        + Send
-        + Sync,
->;
+/// The person's answer to one question of a child, to come: its MCP
+/// `ElicitResult`.
+pub type Answering = std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>;
+
+/// Where a child's questions to the person (MCP `elicitation/create`) go
+/// while a call that may ask is in flight.
+#[derive(Clone)]
+pub struct Questioner {
+    /// The call's session: a question is put to the person only when every
+    /// call in flight that may ask is of one session (stdio does not say
+    /// which call asks).
+    pub session: Option<String>,
+    /// Given the request's `params`, the `ElicitResult` to answer with
+    /// (`action`, and `content` on accept).
+    pub ask: Arc<dyn Fn(Value) -> Answering + Send + Sync>,
+}
+
+/// A call's questioner as its child's link keeps it.
+struct Registered {
+    /// Its place, for its removal.
+    token: u64,
+    /// Where the questions go.
+    questioner: Questioner,
+    /// Ends (its sender dropped) when the call is over: its questions
+    /// still waiting are withdrawn then.
+    over: watch::Receiver<()>,
+}
 
 /// What a request does when its deadline passes (or a stop cancels it)
 /// before its answer.
@@ -110,9 +129,8 @@ pub(super) struct Link {
     /// Whether it may ask the person questions (its manifest's
     /// `elicitation`): declared to it only then.
     elicitation: bool,
-    /// The calls in flight that may ask, latest last: a question goes to
-    /// the latest (stdio says no more of which call asks).
-    questioners: Mutex<Vec<(u64, Questioner)>>,
+    /// The calls in flight that may ask.
+    questioners: Mutex<Vec<Registered>>,
 }
 
 impl Link {
@@ -257,12 +275,15 @@ impl ProgressWatch {
     }
 }
 
-/// A call's questioner, registered while it is in flight.
+/// A call's questioner, registered while it is in flight; dropped, its
+/// questions still waiting are withdrawn (answered `cancel`).
 pub struct QuestionWatch {
     /// Where it is registered.
     link: Arc<Link>,
     /// Its place there.
     token: u64,
+    /// Dropped with the watch: tells its questions the call is over.
+    _over: watch::Sender<()>,
 }
 
 impl Drop for QuestionWatch {
@@ -271,7 +292,7 @@ impl Drop for QuestionWatch {
             .questioners
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|(token, _)| *token != self.token);
+            .retain(|r| r.token != self.token);
     }
 }
 
@@ -306,14 +327,20 @@ impl RpcHandle {
     /// watch lives (the call's time on the child).
     pub fn watch_questions(&self, questioner: Questioner) -> QuestionWatch {
         let token = self.link.next_id.fetch_add(1, Ordering::Relaxed);
+        let (over_tx, over) = watch::channel(());
         self.link
             .questioners
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push((token, questioner));
+            .push(Registered {
+                token,
+                questioner,
+                over,
+            });
         QuestionWatch {
             link: self.link.clone(),
             token,
+            _over: over_tx,
         }
     }
 
@@ -573,23 +600,32 @@ async fn read_line_bounded<R: AsyncRead + Unpin>(
 /// answered (within the question's own deadline); with no such call, a
 /// `cancel` at once. The read loop goes on meanwhile.
 fn ask_the_person(link: &Arc<Link>, id: Value, params: Value) {
-    let questioner = link
-        .questioners
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .last()
-        .map(|(_, q)| q.clone());
-    let Some(questioner) = questioner else {
-        tracing::info!(toolbox = %link.toolbox, pid = link.pid, "a question with no call in flight to ask for: cancelled");
-        link.send(mcp::response_line(
-            &id,
-            Ok(serde_json::json!({"action": "cancel"})),
-        ));
+    let cancel = || mcp::response_line(&id, Ok(serde_json::json!({"action": "cancel"})));
+    let chosen = {
+        let registered = link.questioners.lock().unwrap_or_else(|e| e.into_inner());
+        let one_session = registered
+            .windows(2)
+            .all(|w| w[0].questioner.session == w[1].questioner.session);
+        registered
+            .last()
+            .filter(|_| one_session)
+            .map(|r| (r.questioner.clone(), r.over.clone()))
+    };
+    // No call to ask for, or calls of several people in flight: whose
+    // question it is cannot be told, so nobody is asked.
+    let Some((questioner, mut over)) = chosen else {
+        tracing::debug!(toolbox = %link.toolbox, pid = link.pid, "a question with no one call to ask for: cancelled");
+        link.send(cancel());
         return;
     };
     let link = link.clone();
     tokio::spawn(async move {
-        let result = questioner(params).await;
+        let result = tokio::select! {
+            result = (questioner.ask)(params) => result,
+            // The call is over (answered, timed out, stopped): its
+            // question is withdrawn from the bus with it.
+            _ = over.changed() => serde_json::json!({"action": "cancel"}),
+        };
         link.send(mcp::response_line(&id, Ok(result)));
     });
 }

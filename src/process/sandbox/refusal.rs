@@ -52,7 +52,9 @@ impl Refusals {
         if inner.seen.len() >= PATHS_PER_START || !inner.seen.insert(path.clone()) {
             return None;
         }
+        // The path is the child's text: escaped, one line.
         let hint = explain(&reach, toolbox, &path, writing)?;
+        let hint = crate::util::throttle::escape_controls(&hint).into_owned();
         tracing::warn!(target: "toolboxd::sandbox", toolbox, "{hint}");
         if inner.recent.len() == KEPT {
             inner.recent.pop_front();
@@ -134,11 +136,10 @@ pub fn explain(reach: &Reach, toolbox: &str, path: &Path, writing: bool) -> Opti
     if readable && !writing && in_system {
         return None;
     }
-    let dir = if path.is_dir() {
-        path
-    } else {
-        path.parent().unwrap_or(path)
-    };
+    // The directory above the path the child named (never looked at: the
+    // path is the child's word, and the file system may be slow); never
+    // the root, whose grant no refusal justifies.
+    let dir = path.parent().filter(|d| d.components().count() > 1)?;
     let manifest = reach.manifest.display();
     Some(if readable || writing {
         let may = if readable {
@@ -238,6 +239,8 @@ mod tests {
             hint.contains(r#"read_write = ["/srv/app/cache"]"#),
             "{hint}"
         );
+        // Never the root.
+        assert_eq!(explain(&reach(), "t", Path::new("/x"), true), None);
         // Inside what it may write, or a system file it may read: not the sandbox.
         assert_eq!(
             explain(
