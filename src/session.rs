@@ -2,6 +2,7 @@
 //! tool calls and liveness probes (docs/protocol.md). Every MCP method name toolboxd
 //! sends is written here.
 
+mod input;
 mod tasks;
 
 use std::collections::HashMap;
@@ -499,10 +500,9 @@ impl Session {
     ) -> Result<Value, RpcFailure> {
         // Registered for the whole call, a task's included.
         let watch = heard.progress.map(|sender| self.rpc.watch_progress(sender));
-        let _questions = heard
-            .questions
-            .filter(|_| self.rpc.offers_elicitation())
-            .map(|q| self.rpc.watch_questions(q));
+        let questioner = heard.questions.filter(|_| self.rpc.offers_elicitation());
+        // Legacy: the child asks with requests of its own, while the call runs.
+        let _questions = questioner.clone().map(|q| self.rpc.watch_questions(q));
         let mut params = CallParams {
             name,
             arguments: &arguments,
@@ -513,7 +513,10 @@ impl Session {
             task: None,
         };
         let flavour = match &self.era {
-            Era::Modern(version) => tasks::Flavour::Modern { version },
+            Era::Modern(version) => tasks::Flavour::Modern {
+                version,
+                questions: questioner.as_ref(),
+            },
             Era::Legacy(_) => match self.as_legacy_task(name) {
                 Some(offer) => {
                     // Kept a while past the deadline, so a result that is

@@ -508,3 +508,62 @@ async fn a_childs_question_is_asked_only_of_its_callers_person_and_ends_with_its
         "{r}"
     );
 }
+
+#[tokio::test]
+async fn a_modern_servers_question_is_asked_and_the_call_made_again_with_the_answer() {
+    // In the 2026-07-28 era a server asks by answering the call
+    // input_required; toolboxd asks the person and calls again with the
+    // answer. The same tool in the legacy era asks mid-call. Both on the
+    // official Python SDK.
+    let python = common::root().join(".venv/bin/python");
+    let dir = TempDir::new("asking-mrtr");
+    for (id, protocol) in [("modern", "auto"), ("legacy", "2025-11-25")] {
+        dir.write(
+            &format!("{id}.toml"),
+            &format!(
+                "id = \"{id}\"\ncommand = \"{}\"\nargs = [\"{}\"]\nprotocol = \"{protocol}\"\n\
+                 elicitation = true\nask_timeout_s = 20\n",
+                python.display(),
+                repo("tests/fixtures/sdk_asking_toolbox.py")
+            ),
+        );
+    }
+    let daemon = Daemon::start(dir.path());
+    assert_eq!(daemon.status("modern")["era"], "modern MCP 2026-07-28");
+    assert_eq!(daemon.status("legacy")["era"], "legacy MCP 2025-11-25");
+    let mut caller = Bus::connect(&daemon.url).await;
+    let mut asker = Bus::connect(&daemon.url).await;
+    for (id, pin) in [("modern", "1234"), ("legacy", "9876")] {
+        let m = mark();
+        let data = json!({"toolbox_id": id, "name": "unlock", "kwargs": {"door": "front"}});
+        caller
+            .send(
+                "ovos.persona.tools.call",
+                data,
+                json!({"mark": m, "session": {"session_id": id}}),
+            )
+            .await;
+        let q = asker
+            .wait_for(common::ANSWER_DEADLINE, |q| {
+                q["type"] == "ovos.tools.ask" && q["data"]["toolbox_id"] == id
+            })
+            .await
+            .unwrap_or_else(|| panic!("{id}: no question"));
+        assert_eq!(q["data"]["kind"], "elicit", "{q}");
+        assert_eq!(q["data"]["prompt"], "Which PIN opens the door?", "{q}");
+        assert_eq!(q["context"]["session"]["session_id"], id);
+        asker
+            .send(
+                "ovos.tools.ask.response",
+                json!({"ask_id": q["data"]["ask_id"], "action": "accept", "content": {"pin": pin}}),
+                json!({}),
+            )
+            .await;
+        let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
+        assert_eq!(
+            r["result"]["result"],
+            format!("front unlocked with {pin}"),
+            "{id}: {r}"
+        );
+    }
+}

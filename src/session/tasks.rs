@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::cancel::Cancel;
 use crate::mcp::{self, TaskStatus};
-use crate::process::child::{Kept, PastDeadline, RpcFailure, RpcHandle};
+use crate::process::child::{Kept, PastDeadline, Questioner, RpcFailure, RpcHandle};
 
 /// Poll interval when a modern task suggests none.
 const DEFAULT_POLL: Duration = Duration::from_millis(250);
@@ -29,8 +29,13 @@ pub(super) enum Flavour<'a> {
     /// `tasks/result` waits for the result; `tasks/cancel` only if the
     /// server declared `tasks.cancel`.
     Legacy { cancel: bool },
-    /// `tasks/get` polls, each request carrying this version's `_meta`.
-    Modern { version: &'a str },
+    /// `tasks/get` polls, each request carrying this version's `_meta`;
+    /// the call's input rounds go to `questions` (`input.rs`), when the
+    /// call may ask the person.
+    Modern {
+        version: &'a str,
+        questions: Option<&'a Questioner>,
+    },
 }
 
 impl Flavour<'_> {
@@ -38,7 +43,7 @@ impl Flavour<'_> {
     fn params(&self, task_id: &str) -> Value {
         match self {
             Flavour::Legacy { .. } => json!({"taskId": task_id}),
-            Flavour::Modern { version } => {
+            Flavour::Modern { version, .. } => {
                 json!({"taskId": task_id, "_meta": mcp::modern_call_meta(version)})
             }
         }
@@ -76,9 +81,18 @@ pub(super) async fn call<P: serde::Serialize + ?Sized>(
     let hold = SharedHold {
         _slot: Arc::new(Mutex::new(hold)),
     };
-    let created = rpc
+    let mut created = rpc
         .request_until("tools/call", params, deadline, cancel, hold.share())
         .await?;
+    if let Flavour::Modern {
+        questions: Some(questioner),
+        ..
+    } = flavour
+    {
+        let share = || hold.share();
+        created =
+            super::input::rounds(rpc, params, created, questioner, deadline, cancel, share).await?;
+    }
     let modern = matches!(flavour, Flavour::Modern { .. });
     let task = match mcp::created_task(&created, modern) {
         None => return Ok(created),

@@ -49,6 +49,14 @@ pub struct Questioner {
     pub ask: Arc<dyn Fn(Value) -> Answering + Send + Sync>,
 }
 
+impl std::fmt::Debug for Questioner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Questioner")
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A call's questioner as its child's link keeps it.
 struct Registered {
     /// Its place, for its removal.
