@@ -258,24 +258,56 @@ async fn a_childs_question_reaches_the_person_and_their_answer_the_child() {
     assert!(text.contains("User declined"), "{r}");
 }
 
+/// The raw asking fixture (tests/fixtures/asking_toolbox.py, a legacy
+/// server whose `ask_many` asks any number of questions) as toolbox `id`,
+/// allowed to ask, with `extra` TOML; its daemon, a caller and an asker.
+async fn asking_fixture(id: &str, extra: &str) -> (TempDir, Daemon, Bus, Bus) {
+    let dir = TempDir::new(id);
+    dir.write(
+        "asking.toml",
+        &format!(
+            "id = \"{id}\"\ncommand = \"python3\"\nargs = [\"{}\"]\nelicitation = true\n\
+             protocol = \"2025-06-18\"\n{extra}\n",
+            repo("tests/fixtures/asking_toolbox.py")
+        ),
+    );
+    let daemon = Daemon::start(dir.path());
+    let caller = Bus::connect(&daemon.url).await;
+    let asker = Bus::connect(&daemon.url).await;
+    (dir, daemon, caller, asker)
+}
+
+/// The ids of the distinct questions `pred` accepts, up to `at_most`,
+/// until none new comes within `quiet`.
+async fn distinct_questions(
+    asker: &mut Bus,
+    pred: impl Fn(&Value) -> bool,
+    at_most: usize,
+    quiet: std::time::Duration,
+) -> std::collections::HashSet<String> {
+    let mut asked = std::collections::HashSet::new();
+    while asked.len() < at_most {
+        let id = |q: &Value| q["data"]["ask_id"].as_str().unwrap_or("").to_owned();
+        let next = asker
+            .wait_for(quiet, |q| {
+                q["type"] == "ovos.tools.ask" && pred(q) && !asked.contains(&id(q))
+            })
+            .await;
+        match next {
+            Some(q) => asked.insert(id(&q)),
+            None => break,
+        };
+    }
+    asked
+}
+
 #[tokio::test]
 async fn a_flood_of_questions_is_bounded_and_the_toolbox_serves_on() {
     // A child asks twenty questions at once, then one with a 10,000-byte
     // message, then one with a 20 KiB schema: at most four reach the bus,
     // the rest are answered `cancel` at once, the long message is cut, the
     // huge schema declined unasked; its other calls are served meanwhile.
-    let dir = TempDir::new("asking-flood");
-    dir.write(
-        "flood.toml",
-        &format!(
-            "id = \"flood\"\ncommand = \"python3\"\nargs = [\"{}\"]\nelicitation = true\n\
-             ask_timeout_s = 3\nprotocol = \"2025-06-18\"\n",
-            repo("tests/fixtures/asking_toolbox.py")
-        ),
-    );
-    let daemon = Daemon::start(dir.path());
-    let mut caller = Bus::connect(&daemon.url).await;
-    let mut asker = Bus::connect(&daemon.url).await;
+    let (_dir, _daemon, mut caller, mut asker) = asking_fixture("flood", "ask_timeout_s = 3").await;
 
     let m = mark();
     let data = json!({"toolbox_id": "flood", "name": "ask_many", "kwargs": {"n": 20}});
@@ -283,17 +315,8 @@ async fn a_flood_of_questions_is_bounded_and_the_toolbox_serves_on() {
         .send("ovos.persona.tools.call", data, json!({"mark": m}))
         .await;
     // The questions that got through, while the call waits on them: four.
-    let mut asked = std::collections::HashSet::new();
-    while let Some(q) = asker
-        .wait_for(std::time::Duration::from_millis(500), |q| {
-            q["type"] == "ovos.tools.ask"
-                && q["data"]["toolbox_id"] == "flood"
-                && !asked.contains(q["data"]["ask_id"].as_str().unwrap_or(""))
-        })
-        .await
-    {
-        asked.insert(q["data"]["ask_id"].as_str().unwrap().to_owned());
-    }
+    let flood = |q: &Value| q["data"]["toolbox_id"] == "flood";
+    let asked = distinct_questions(&mut asker, flood, 20, std::time::Duration::from_secs(2)).await;
     assert_eq!(
         asked.len(),
         4,
@@ -409,18 +432,8 @@ async fn the_reference_skill_asks_by_voice_on_the_real_bus() {
 
 #[tokio::test]
 async fn a_childs_question_is_asked_only_of_its_callers_person_and_ends_with_its_call() {
-    let dir = TempDir::new("asking-owner");
-    dir.write(
-        "owner.toml",
-        &format!(
-            "id = \"owner\"\ncommand = \"python3\"\nargs = [\"{}\"]\nelicitation = true\n\
-             ask_timeout_s = 60\nprotocol = \"2025-06-18\"\n[limits]\ncall_timeout_s = 2\n",
-            repo("tests/fixtures/asking_toolbox.py")
-        ),
-    );
-    let daemon = Daemon::start(dir.path());
-    let mut caller = Bus::connect(&daemon.url).await;
-    let mut asker = Bus::connect(&daemon.url).await;
+    let (_dir, _daemon, mut caller, mut asker) =
+        asking_fixture("owner", "ask_timeout_s = 60\n[limits]\ncall_timeout_s = 2").await;
     let ask_many = |n: u64| json!({"toolbox_id": "owner", "name": "ask_many", "kwargs": {"n": n}});
     let questions_of = |session: &'static str| {
         move |q: &Value| {
@@ -488,17 +501,19 @@ async fn a_childs_question_is_asked_only_of_its_callers_person_and_ends_with_its
             json!({"mark": carol, "session": {"session_id": "carol"}}),
         )
         .await;
-    let mut asked = std::collections::HashSet::new();
-    while asked.len() < 4 {
-        let q = asker
-            .wait_for(common::ANSWER_DEADLINE, |q| {
-                questions_of("carol")(q)
-                    && !asked.contains(q["data"]["ask_id"].as_str().unwrap_or(""))
-            })
-            .await
-            .unwrap_or_else(|| panic!("only {} of Carol's questions reached the bus", asked.len()));
-        asked.insert(q["data"]["ask_id"].as_str().unwrap().to_owned());
-    }
+    let asked = distinct_questions(
+        &mut asker,
+        questions_of("carol"),
+        4,
+        common::ANSWER_DEADLINE,
+    )
+    .await;
+    assert_eq!(
+        asked.len(),
+        4,
+        "only {} of Carol's questions reached the bus",
+        asked.len()
+    );
     let r = caller.persona_answer(&carol, common::ANSWER_DEADLINE).await;
     assert!(
         r["error"]
