@@ -301,6 +301,16 @@ async fn distinct_questions(
     asked
 }
 
+/// Calls `ask_many` of toolbox `flood` with `kwargs`; the call's mark.
+async fn ask_many(caller: &mut Bus, kwargs: Value) -> String {
+    let m = mark();
+    let data = json!({"toolbox_id": "flood", "name": "ask_many", "kwargs": kwargs});
+    caller
+        .send("ovos.persona.tools.call", data, json!({"mark": m}))
+        .await;
+    m
+}
+
 #[tokio::test]
 async fn a_flood_of_questions_is_bounded_and_the_toolbox_serves_on() {
     // A child asks twenty questions at once, then one with a 10,000-byte
@@ -309,11 +319,7 @@ async fn a_flood_of_questions_is_bounded_and_the_toolbox_serves_on() {
     // huge schema declined unasked; its other calls are served meanwhile.
     let (_dir, _daemon, mut caller, mut asker) = asking_fixture("flood", "ask_timeout_s = 3").await;
 
-    let m = mark();
-    let data = json!({"toolbox_id": "flood", "name": "ask_many", "kwargs": {"n": 20}});
-    caller
-        .send("ovos.persona.tools.call", data, json!({"mark": m}))
-        .await;
+    let m = ask_many(&mut caller, json!({"n": 20})).await;
     // The questions that got through, while the call waits on them: four.
     let flood = |q: &Value| q["data"]["toolbox_id"] == "flood";
     let asked = distinct_questions(&mut asker, flood, 20, std::time::Duration::from_secs(2)).await;
@@ -332,12 +338,7 @@ async fn a_flood_of_questions_is_bounded_and_the_toolbox_serves_on() {
     assert_eq!(r["result"], json!({"cancel": 20}), "{r}");
 
     // A long message is cut; a huge schema is declined without asking.
-    let m = mark();
-    let data = json!({"toolbox_id": "flood", "name": "ask_many",
-                      "kwargs": {"n": 1, "message_bytes": 10000}});
-    caller
-        .send("ovos.persona.tools.call", data, json!({"mark": m}))
-        .await;
+    let m = ask_many(&mut caller, json!({"n": 1, "message_bytes": 10000})).await;
     let q = asker
         .wait_for(common::ANSWER_DEADLINE, |q| {
             q["type"] == "ovos.tools.ask"
@@ -353,12 +354,7 @@ async fn a_flood_of_questions_is_bounded_and_the_toolbox_serves_on() {
     );
     let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
     assert_eq!(r["result"], json!({"cancel": 1}), "{r}");
-    let m = mark();
-    let data = json!({"toolbox_id": "flood", "name": "ask_many",
-                      "kwargs": {"n": 1, "schema_bytes": 20000}});
-    caller
-        .send("ovos.persona.tools.call", data, json!({"mark": m}))
-        .await;
+    let m = ask_many(&mut caller, json!({"n": 1, "schema_bytes": 20000})).await;
     let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
     assert_eq!(r["result"], json!({"decline": 1}), "{r}");
 }
@@ -366,7 +362,6 @@ async fn a_flood_of_questions_is_bounded_and_the_toolbox_serves_on() {
 /// The reference skill (python/ovos-skill-toolboxd-ask) on the bus at
 /// `url`, hearing `heard` in turn; returns once it listens.
 fn skill_on_bus(url: &str, heard: &[&str], home: &std::path::Path) -> common::Reaped {
-    use std::io::BufRead;
     let python = common::root().join(".venv-agents/bin/python");
     assert!(python.exists(), "{}: run scripts/test", python.display());
     let mut command = std::process::Command::new(python);
@@ -374,26 +369,11 @@ fn skill_on_bus(url: &str, heard: &[&str], home: &std::path::Path) -> common::Re
         .arg(repo("tests/python/ask_skill_on_bus.py"))
         .arg(common::port_of(url).to_string())
         .args(heard)
-        .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null());
-    let mut child = common::Reaped(command.spawn().unwrap());
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
-    loop {
-        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-            Ok(line) if line == "ready" => return child,
-            Ok(_) => {}
-            Err(e) => panic!("the skill did not start listening: {e}"),
-        }
-    }
+    common::Reaped::spawn_until(&mut command, std::time::Duration::from_secs(60), |l| {
+        l == "ready"
+    })
+    .0
 }
 
 #[tokio::test]

@@ -120,39 +120,17 @@ fn readme_client_runs_unchanged_on_the_python_messagebus() {
 /// (tests/python/phal_service.py); returned once it says it is on the bus.
 fn python_service(port: u16, home: &TempDir) -> common::Reaped {
     let mut command = Command::new(venv_python());
-    let mut service = common::Reaped(
-        common::ovos_home(&mut command, home.path())
-            .arg(common::repo("tests/python/phal_service.py"))
-            .args(["127.0.0.1", &port.to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let stdout = service.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(stdout)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
+    common::ovos_home(&mut command, home.path())
+        .arg(common::repo("tests/python/phal_service.py"))
+        .args(["127.0.0.1", &port.to_string()])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null());
     // (OVOS logs to stdout too.)
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx
-            .recv_timeout(left)
-            .expect("the Python service never said it is ready");
-        if let Some(ids) = line.strip_prefix("ready ") {
-            assert_eq!(ids, "test-math-tools");
-            return service;
-        }
-    }
+    let (service, line) = common::Reaped::spawn_until(&mut command, Duration::from_secs(60), |l| {
+        l.starts_with("ready ")
+    });
+    assert_eq!(line, "ready test-math-tools");
+    service
 }
 
 /// How toolboxd's answer may differ from the Python service's, as documented.

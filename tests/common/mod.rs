@@ -180,6 +180,44 @@ impl std::ops::DerefMut for Reaped {
     }
 }
 
+impl Reaped {
+    /// Starts `command` with its stdout piped and returns once it writes a
+    /// line `ready` accepts (within `within`; the test fails otherwise),
+    /// with that line. Later lines are read and dropped, so it never
+    /// blocks on a full pipe.
+    pub fn spawn_until(
+        command: &mut Command,
+        within: Duration,
+        ready: impl Fn(&str) -> bool,
+    ) -> (Reaped, String) {
+        let mut child = Reaped(
+            command
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) if ready(&line) => return (child, line),
+                Ok(_) => {}
+                Err(e) => panic!("{command:?} did not say it is ready within {within:?}: {e}"),
+            }
+        }
+    }
+}
+
 impl Drop for Reaped {
     fn drop(&mut self) {
         let _ = self.0.kill();
