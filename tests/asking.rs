@@ -45,6 +45,27 @@ async fn question(asker: &mut Bus, toolbox: &str, text: &str) -> Value {
         .unwrap_or_else(|| panic!("no question for {toolbox} about {text}"))
 }
 
+/// The question on the bus for the person of `session`.
+async fn question_in(asker: &mut Bus, session: &str) -> Value {
+    asker
+        .wait_for(common::ANSWER_DEADLINE, |m| {
+            m["type"] == "ovos.tools.ask" && m["context"]["session"]["session_id"] == session
+        })
+        .await
+        .unwrap_or_else(|| panic!("no question for {session}"))
+}
+
+/// Accepts question `ask_id` with `content`.
+async fn accept(asker: &mut Bus, ask_id: &str, content: Value) {
+    asker
+        .send(
+            "ovos.tools.ask.response",
+            json!({"ask_id": ask_id, "action": "accept", "content": content}),
+            json!({}),
+        )
+        .await;
+}
+
 async fn answer(asker: &mut Bus, ask_id: &str, action: &str) {
     asker
         .send(
@@ -197,12 +218,7 @@ async fn a_childs_question_reaches_the_person_and_their_answer_the_child() {
     let m = mark();
     let (data, context) = ask(&m, "s-form");
     caller.send("ovos.persona.tools.call", data, context).await;
-    let q = asker
-        .wait_for(common::ANSWER_DEADLINE, |m| {
-            m["type"] == "ovos.tools.ask" && m["context"]["session"]["session_id"] == "s-form"
-        })
-        .await
-        .expect("the child's question on the bus");
+    let q = question_in(&mut asker, "s-form").await;
     assert_eq!(q["data"]["kind"], "elicit", "{q}");
     assert_eq!(q["data"]["toolbox_id"], "everything");
     assert_eq!(q["data"]["name"], "trigger-elicitation-request");
@@ -214,22 +230,10 @@ async fn a_childs_question_reaches_the_person_and_their_answer_the_child() {
     let ask_id = q["data"]["ask_id"].as_str().unwrap().to_owned();
     // Content that fails the schema is no answer: the question waits on.
     for content in [json!({"name": 7}), json!({"integer": 5}), json!("Ada")] {
-        asker
-            .send(
-                "ovos.tools.ask.response",
-                json!({"ask_id": ask_id, "action": "accept", "content": content}),
-                json!({}),
-            )
-            .await;
+        accept(&mut asker, &ask_id, content).await;
     }
-    asker
-        .send(
-            "ovos.tools.ask.response",
-            json!({"ask_id": ask_id, "action": "accept",
-                   "content": {"name": "Ada Lovelace", "integer": 7}}),
-            json!({}),
-        )
-        .await;
+    let content = json!({"name": "Ada Lovelace", "integer": 7});
+    accept(&mut asker, &ask_id, content).await;
     let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
     let text = r["result"]["content"].as_str().unwrap_or_default();
     assert!(text.contains("- Name: Ada Lovelace"), "{r}");
@@ -239,20 +243,8 @@ async fn a_childs_question_reaches_the_person_and_their_answer_the_child() {
     let m = mark();
     let (data, context) = ask(&m, "s-no");
     caller.send("ovos.persona.tools.call", data, context).await;
-    let q = asker
-        .wait_for(common::ANSWER_DEADLINE, |m| {
-            m["type"] == "ovos.tools.ask" && m["context"]["session"]["session_id"] == "s-no"
-        })
-        .await
-        .expect("the second question");
-    let ask_id = q["data"]["ask_id"].as_str().unwrap().to_owned();
-    asker
-        .send(
-            "ovos.tools.ask.response",
-            json!({"ask_id": ask_id, "action": "decline"}),
-            json!({}),
-        )
-        .await;
+    let q = question_in(&mut asker, "s-no").await;
+    answer(&mut asker, q["data"]["ask_id"].as_str().unwrap(), "decline").await;
     let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
     let text = r["result"]["content"].as_str().unwrap_or_default();
     assert!(text.contains("User declined"), "{r}");
@@ -464,13 +456,7 @@ async fn a_childs_question_is_asked_only_of_its_callers_person_and_ends_with_its
         "{r}"
     );
     let ask_id = q["data"]["ask_id"].as_str().unwrap();
-    asker
-        .send(
-            "ovos.tools.ask.response",
-            json!({"ask_id": ask_id, "action": "accept", "content": {"answer": "late"}}),
-            json!({}),
-        )
-        .await;
+    accept(&mut asker, ask_id, json!({"answer": "late"})).await;
     // Its place is free again: four new questions of the toolbox reach the
     // bus (with the old one still held, only three would).
     let carol = mark();
@@ -538,22 +524,12 @@ async fn a_modern_servers_question_is_asked_and_the_call_made_again_with_the_ans
                 json!({"mark": m, "session": {"session_id": id}}),
             )
             .await;
-        let q = asker
-            .wait_for(common::ANSWER_DEADLINE, |q| {
-                q["type"] == "ovos.tools.ask" && q["data"]["toolbox_id"] == id
-            })
-            .await
-            .unwrap_or_else(|| panic!("{id}: no question"));
+        let q = question_in(&mut asker, id).await;
+        assert_eq!(q["data"]["toolbox_id"], id);
         assert_eq!(q["data"]["kind"], "elicit", "{q}");
         assert_eq!(q["data"]["prompt"], "Which PIN opens the door?", "{q}");
-        assert_eq!(q["context"]["session"]["session_id"], id);
-        asker
-            .send(
-                "ovos.tools.ask.response",
-                json!({"ask_id": q["data"]["ask_id"], "action": "accept", "content": {"pin": pin}}),
-                json!({}),
-            )
-            .await;
+        let ask_id = q["data"]["ask_id"].as_str().unwrap();
+        accept(&mut asker, ask_id, json!({"pin": pin})).await;
         let r = caller.persona_answer(&m, common::ANSWER_DEADLINE).await;
         assert_eq!(
             r["result"]["result"],

@@ -190,19 +190,11 @@ impl Reaped {
         within: Duration,
         ready: impl Fn(&str) -> bool,
     ) -> (Reaped, String) {
-        let mut child = Reaped(
-            command
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap(),
-        );
+        let mut child = Reaped(command.stdout(Stdio::piped()).spawn().unwrap());
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-            {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
                 let _ = tx.send(line);
             }
         });
