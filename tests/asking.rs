@@ -536,5 +536,9 @@ async fn a_modern_servers_question_is_asked_and_the_call_made_again_with_the_ans
             format!("front unlocked with {pin}"),
             "{id}: {r}"
         );
+        // Its roots, asked the same way: where its sandbox lets it write.
+        let r = caller.call(id, "where_may_i_write", json!({})).await;
+        let state = format!("test-state/{id}/state");
+        assert!(r["result"].to_string().contains(&state), "{id}: {r}");
     }
 }

@@ -3,7 +3,8 @@
 //! the client questions (`inputRequests`) instead of sending them as
 //! requests of its own. Those that are questions to the person
 //! (`elicitation/create`) go to the person as a child's question does
-//! (`ask.rs`, through the call's questioner), and the call is made again
+//! (`ask.rs`, through the call's questioner), a `roots/list` is answered
+//! with the child's roots, and the call is made again
 //! with their answers (`inputResponses`) and the server's `requestState`,
 //! at most [`MAX_ROUNDS`] times, all within the call's one deadline.
 
@@ -25,14 +26,15 @@ fn asks(result: &Value) -> bool {
 }
 
 /// Follows `result`, the answer to the `tools/call` `params`, through its
-/// input rounds: each question asked of the person through `questioner`,
+/// input rounds: each question asked of the person through `questioner`
+/// (when the call may ask), each `roots/list` answered with the roots,
 /// the call made again with the answers, until it answers otherwise (or a
 /// question it asks is none a person can answer: then that answer stands).
 pub(super) async fn rounds<P: serde::Serialize + ?Sized>(
     rpc: &RpcHandle,
     params: &P,
     mut result: Value,
-    questioner: &Questioner,
+    questioner: Option<&Questioner>,
     deadline: Instant,
     cancel: &mut Cancel,
     hold: impl Fn() -> Kept,
@@ -41,7 +43,7 @@ pub(super) async fn rounds<P: serde::Serialize + ?Sized>(
         if !asks(&result) {
             break;
         }
-        let Some(answers) = answer(&result, questioner, deadline, cancel).await? else {
+        let Some(answers) = answer(rpc, &result, questioner, deadline, cancel).await? else {
             break;
         };
         let mut retry = serde_json::to_value(params).unwrap_or_default();
@@ -58,12 +60,13 @@ pub(super) async fn rounds<P: serde::Serialize + ?Sized>(
     Ok(result)
 }
 
-/// The person's answers to the questions of `result`, by their keys;
-/// `None` when one is not a question to the person (sampling, say), or
-/// there are too many.
+/// The answers to the input requests of `result`, by their keys: the
+/// person's to a question, the child's roots to `roots/list`; `None` when
+/// one is neither (sampling, say), or there are too many.
 async fn answer(
+    rpc: &RpcHandle,
     result: &Value,
-    questioner: &Questioner,
+    questioner: Option<&Questioner>,
     deadline: Instant,
     cancel: &mut Cancel,
 ) -> Result<Option<Map<String, Value>>, RpcFailure> {
@@ -76,9 +79,21 @@ async fn answer(
     }
     let mut answers = Map::new();
     for (key, request) in requests {
-        if request.get("method").and_then(Value::as_str) != Some("elicitation/create") {
-            return Ok(None);
+        match request.get("method").and_then(Value::as_str) {
+            // Only a call whose toolbox may ask asks the person.
+            Some("elicitation/create") if questioner.is_some() => {}
+            Some("roots/list") => match rpc.roots() {
+                Some(roots) => {
+                    answers.insert(key.clone(), roots.clone());
+                    continue;
+                }
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
         }
+        let Some(questioner) = questioner else {
+            return Ok(None);
+        };
         let params = request.get("params").cloned().unwrap_or(Value::Null);
         let answered = tokio::select! {
             answered = (questioner.ask)(params) => answered,

@@ -84,14 +84,10 @@ pub(super) async fn call<P: serde::Serialize + ?Sized>(
     let mut created = rpc
         .request_until("tools/call", params, deadline, cancel, hold.share())
         .await?;
-    if let Flavour::Modern {
-        questions: Some(questioner),
-        ..
-    } = flavour
-    {
+    if let Flavour::Modern { questions, .. } = flavour {
         let share = || hold.share();
         created =
-            super::input::rounds(rpc, params, created, questioner, deadline, cancel, share).await?;
+            super::input::rounds(rpc, params, created, questions, deadline, cancel, share).await?;
     }
     let modern = matches!(flavour, Flavour::Modern { .. });
     let task = match mcp::created_task(&created, modern) {

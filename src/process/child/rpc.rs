@@ -326,6 +326,11 @@ impl RpcHandle {
         self.link.roots.is_some()
     }
 
+    /// Its roots (`roots/list`'s result), where it has them.
+    pub fn roots(&self) -> Option<&Value> {
+        self.link.roots.as_ref()
+    }
+
     /// Whether the child may ask the person questions (declared then).
     pub fn offers_elicitation(&self) -> bool {
         self.link.elicitation
