@@ -128,7 +128,7 @@ impl Asker {
         stop: &mut Cancel,
     ) -> Result<Option<Value>, AskError> {
         // Room first: a child past its share costs no schema compilation.
-        self.room_for(&self.pending(), &question.toolbox)?;
+        room_for(&self.pending(), &question.toolbox)?;
         let schema = match &question.kind {
             Kind::Confirm => None,
             Kind::Elicit { schema } => Some(Arc::new(askable(schema)?)),
@@ -137,7 +137,7 @@ impl Asker {
         let (reply, answer) = oneshot::channel();
         {
             let mut pending = self.pending();
-            self.room_for(&pending, &question.toolbox)?;
+            room_for(&pending, &question.toolbox)?;
             pending.insert(
                 id.clone(),
                 Pending {
@@ -175,20 +175,6 @@ impl Asker {
             Reply::Decline => Err(AskError::Declined),
             Reply::Cancel => Err(AskError::Cancelled),
         }
-    }
-
-    /// Whether one more question of `toolbox` may wait.
-    fn room_for(&self, pending: &HashMap<String, Pending>, toolbox: &str) -> Result<(), AskError> {
-        let mine = pending.values().filter(|p| p.toolbox == toolbox).count();
-        if mine >= MAX_PENDING_PER_TOOLBOX {
-            return Err(AskError::TooMany {
-                max: MAX_PENDING_PER_TOOLBOX,
-            });
-        }
-        if pending.len() >= MAX_PENDING {
-            return Err(AskError::TooMany { max: MAX_PENDING });
-        }
-        Ok(())
     }
 
     /// An `ovos.tools.ask.response` frame: the answer to the question it
@@ -250,6 +236,20 @@ impl Asker {
         }
         Ok(())
     }
+}
+
+/// Whether one more question of `toolbox` may wait.
+fn room_for(pending: &HashMap<String, Pending>, toolbox: &str) -> Result<(), AskError> {
+    let mine = pending.values().filter(|p| p.toolbox == toolbox).count();
+    if mine >= MAX_PENDING_PER_TOOLBOX {
+        return Err(AskError::TooMany {
+            max: MAX_PENDING_PER_TOOLBOX,
+        });
+    }
+    if pending.len() >= MAX_PENDING {
+        return Err(AskError::TooMany { max: MAX_PENDING });
+    }
+    Ok(())
 }
 
 /// Removes a question when its wait ends, however it ends.

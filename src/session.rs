@@ -138,7 +138,7 @@ fn with_capabilities(mut meta: Value, rpc: &RpcHandle) -> Value {
 /// directories), elicitation where its manifest allows it to ask.
 fn client_capabilities(rpc: &RpcHandle) -> Value {
     let mut capabilities = serde_json::Map::new();
-    if rpc.offers_roots() {
+    if rpc.roots().is_some() {
         capabilities.insert("roots".into(), json!({}));
     }
     if rpc.offers_elicitation() {

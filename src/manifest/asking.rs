@@ -25,12 +25,12 @@ pub enum Confirm {
 }
 
 impl Confirm {
-    /// Whether a call of tool `name` (`destructive`: annotated so) waits
-    /// for a yes.
-    pub fn needs(&self, name: &str, destructive: bool) -> bool {
+    /// Whether a call of tool `name` waits for a yes; `destructive` says
+    /// whether the tool is annotated so (asked only under `destructive`).
+    pub fn needs(&self, name: &str, destructive: impl FnOnce() -> bool) -> bool {
         match self {
             Confirm::None => false,
-            Confirm::Destructive => destructive,
+            Confirm::Destructive => destructive(),
             Confirm::All => true,
             Confirm::Tools(globs) => globs.iter().any(|g| glob_matches(g, name)),
         }
@@ -194,8 +194,8 @@ mod tests {
         assert!(Confirm::Tools(vec![]).check().is_err());
         assert!(Confirm::Tools(vec!["".into()]).check().is_err());
         let destructive = Confirm::Destructive;
-        assert!(destructive.needs("rm", true) && !destructive.needs("ls", false));
+        assert!(destructive.needs("rm", || true) && !destructive.needs("ls", || false));
         let listed = Confirm::Tools(vec!["unlock_*".into()]);
-        assert!(listed.needs("unlock_door", false) && !listed.needs("lock_door", true));
+        assert!(listed.needs("unlock_door", || false) && !listed.needs("lock_door", || true));
     }
 }

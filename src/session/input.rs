@@ -46,12 +46,13 @@ pub(super) async fn rounds<P: serde::Serialize + ?Sized>(
         let Some(answers) = answer(rpc, &result, questioner, deadline, cancel).await? else {
             break;
         };
-        let mut retry = serde_json::to_value(params).unwrap_or_default();
-        if let Value::Object(retry) = &mut retry {
-            retry.insert("inputResponses".into(), Value::Object(answers));
-            if let Some(state) = result.get("requestState").filter(|s| s.is_string()) {
-                retry.insert("requestState".into(), state.clone());
-            }
+        // (The call's own params: an object, as it was sent.)
+        let Ok(Value::Object(mut retry)) = serde_json::to_value(params) else {
+            break;
+        };
+        retry.insert("inputResponses".into(), Value::Object(answers));
+        if let Some(state) = result.get("requestState").filter(|s| s.is_string()) {
+            retry.insert("requestState".into(), state.clone());
         }
         result = rpc
             .request_until("tools/call", &retry, deadline, cancel, hold())

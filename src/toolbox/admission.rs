@@ -16,42 +16,39 @@ use crate::process::child::{Kept, RpcFailure};
 pub struct Admission<'a> {
     /// The toolbox that admitted it.
     pub(super) handle: &'a ToolboxHandle,
-    /// Its manifest's `audit_arguments`: the audit log records this call's
-    /// arguments and result.
-    pub(super) audit_arguments: bool,
+    /// Its manifest's limits as they were when it was admitted:
+    /// `audit_arguments`, `confirm`, `ask_timeout_s`, `elicitation`.
+    pub(super) limits: std::sync::Arc<super::CallLimits>,
     /// Keeps the call in the toolbox's `in_flight` (its admission counts it).
     pub(super) _count: InFlightCount<'a>,
-    /// Its manifest's `confirm`: which calls wait for a person's yes.
-    pub(super) confirm: crate::manifest::Confirm,
-    /// Its manifest's `ask_timeout_s`: how long they wait.
-    pub(super) ask_timeout: Duration,
-    /// Its manifest's `elicitation`: its child may ask the person.
-    pub(super) elicitation: bool,
 }
 
 impl Admission<'_> {
     /// Whether the audit log records this call's arguments and result (its
     /// manifest says `audit_arguments = true`).
     pub fn audits_arguments(&self) -> bool {
-        self.audit_arguments
+        self.limits.audit_arguments
     }
 
     /// How long a call of `tool` waits for a person's yes, if its manifest
     /// says it must (`confirm`; `destructive` reads the tool's annotations,
     /// the manifest's over the child's).
     pub fn confirmation(&self, tool: &crate::tool::Tool) -> Option<Duration> {
+        let asking = &self.limits.asking;
         let destructive = || tool.annotation("destructiveHint") == Some(Value::Bool(true));
-        let needed = match &self.confirm {
-            crate::manifest::Confirm::Destructive => destructive(),
-            other => other.needs(&tool.name, false),
-        };
-        needed.then_some(self.ask_timeout)
+        asking
+            .confirm
+            .needs(&tool.name, destructive)
+            .then(|| Duration::from_secs(asking.ask_timeout_s))
     }
 
     /// How long a question of its child waits for the person, if its
     /// manifest lets it ask (`elicitation`).
     pub fn questions_wait(&self) -> Option<Duration> {
-        self.elicitation.then_some(self.ask_timeout)
+        let asking = &self.limits.asking;
+        asking
+            .elicitation
+            .then(|| Duration::from_secs(asking.ask_timeout_s))
     }
 
     /// Runs `call` (its arguments already checked): waits for a serving

@@ -205,7 +205,8 @@ struct CallLimits {
     prewarm_on: Vec<String>,
     /// `audit_arguments`: the audit log records arguments and results.
     audit_arguments: bool,
-    /// `confirm` and `ask_timeout_s`: which calls wait for a person's yes.
+    /// `confirm`, `ask_timeout_s`, `elicitation`: which calls wait for a
+    /// person's yes, and whether the child may ask the person.
     asking: crate::manifest::Asking,
 }
 
@@ -299,10 +300,7 @@ impl ToolboxHandle {
         }
         Ok(Admission {
             handle: self,
-            audit_arguments: limits.audit_arguments,
-            confirm: limits.asking.confirm.clone(),
-            ask_timeout: Duration::from_secs(limits.asking.ask_timeout_s),
-            elicitation: limits.asking.elicitation,
+            limits: Arc::clone(&limits),
             _count: count,
         })
     }

@@ -17,56 +17,20 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 use tokio::sync::{mpsc, oneshot, watch};
 
 mod long_line;
+mod progress;
+mod questions;
 mod request;
 
+pub use progress::{ProgressSender, ProgressWatch};
+use questions::{ask_the_person, Registered};
+pub use questions::{Answering, QuestionWatch, Questioner};
 pub use request::{Kept, RpcFailure};
 
 use super::logs::{log_child_message, LogBudget, MESSAGES_PER_SECOND};
 use super::{ChildEvent, ExitInfo};
 use crate::cancel::Cancel;
-use crate::mcp::{self, FrameError, Incoming, Progress};
+use crate::mcp::{self, FrameError, Incoming};
 use long_line::{peek_long, LongLine, MAX_LOG_MESSAGE_BYTES};
-
-/// Where a call's progress goes: the latest `notifications/progress` of the
-/// call replaces any its reader has not taken yet, so a child that floods
-/// progress costs one value per call, never a queue.
-pub type ProgressSender = watch::Sender<Option<Progress>>;
-
-/// The person's answer to one question of a child, to come: its MCP
-/// `ElicitResult`.
-pub type Answering = std::pin::Pin<Box<dyn std::future::Future<Output = Value> + Send>>;
-
-/// Where a child's questions to the person (MCP `elicitation/create`) go
-/// while a call that may ask is in flight.
-#[derive(Clone)]
-pub struct Questioner {
-    /// The call's session: a question is put to the person only when every
-    /// call in flight that may ask is of one session (stdio does not say
-    /// which call asks).
-    pub session: Option<String>,
-    /// Given the request's `params`, the `ElicitResult` to answer with
-    /// (`action`, and `content` on accept).
-    pub ask: Arc<dyn Fn(Value) -> Answering + Send + Sync>,
-}
-
-impl std::fmt::Debug for Questioner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Questioner")
-            .field("session", &self.session)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A call's questioner as its child's link keeps it.
-struct Registered {
-    /// Its place, for its removal.
-    token: u64,
-    /// Where the questions go.
-    questioner: Questioner,
-    /// Ends (its sender dropped) when the call is over: its questions
-    /// still waiting are withdrawn then.
-    over: watch::Receiver<()>,
-}
 
 /// What a request does when its deadline passes (or a stop cancels it)
 /// before its answer.
@@ -203,28 +167,6 @@ impl Link {
         }
     }
 
-    /// Hands a `notifications/progress` to the call that sent its token.
-    /// Every progress notification from a child passes here; one for no call
-    /// (late, or made up) is dropped.
-    fn progress(&self, params: &Value) {
-        let Some((token, progress)) = mcp::parse_progress(params) else {
-            tracing::trace!(toolbox = %self.toolbox, pid = self.pid, "malformed notifications/progress ignored");
-            return;
-        };
-        let calls = self.progress.lock().unwrap_or_else(|e| e.into_inner());
-        match calls.get(&token) {
-            Some(sender) => {
-                sender.send_replace(Some(progress));
-            }
-            None => tracing::trace!(
-                toolbox = %self.toolbox,
-                pid = self.pid,
-                token,
-                "progress for no call in flight ignored"
-            ),
-        }
-    }
-
     fn lock_pending(&self) -> std::sync::MutexGuard<'_, Pending> {
         // A panic while holding this lock would be a bug in a few lines of map
         // code; the map itself stays consistent, so recover it rather than panic.
@@ -268,52 +210,6 @@ impl Drop for PendingGuard<'_> {
     }
 }
 
-/// A call's `progressToken`, registered while this lives.
-pub struct ProgressWatch {
-    /// Where the token is registered.
-    link: Arc<Link>,
-    /// The token the call sends in `_meta.progressToken`.
-    token: u64,
-}
-
-impl ProgressWatch {
-    /// The token to send.
-    pub fn token(&self) -> u64 {
-        self.token
-    }
-}
-
-/// A call's questioner, registered while it is in flight; dropped, its
-/// questions still waiting are withdrawn (answered `cancel`).
-pub struct QuestionWatch {
-    /// Where it is registered.
-    link: Arc<Link>,
-    /// Its place there.
-    token: u64,
-    /// Dropped with the watch: tells its questions the call is over.
-    _over: watch::Sender<()>,
-}
-
-impl Drop for QuestionWatch {
-    fn drop(&mut self) {
-        self.link
-            .questioners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|r| r.token != self.token);
-    }
-}
-
-impl Drop for ProgressWatch {
-    fn drop(&mut self) {
-        self.link
-            .progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.token);
-    }
-}
-
 /// A cheap handle for sending requests to one child; clone it freely.
 #[derive(Clone)]
 pub struct RpcHandle {
@@ -321,12 +217,8 @@ pub struct RpcHandle {
 }
 
 impl RpcHandle {
-    /// Whether the child is offered MCP roots (declared in the handshake).
-    pub fn offers_roots(&self) -> bool {
-        self.link.roots.is_some()
-    }
-
-    /// Its roots (`roots/list`'s result), where it has them.
+    /// Its roots (`roots/list`'s result), where it has them (declared in
+    /// the handshake then).
     pub fn roots(&self) -> Option<&Value> {
         self.link.roots.as_ref()
     }
@@ -334,27 +226,6 @@ impl RpcHandle {
     /// Whether the child may ask the person questions (declared then).
     pub fn offers_elicitation(&self) -> bool {
         self.link.elicitation
-    }
-
-    /// Registers `questioner` for the child's questions while the returned
-    /// watch lives (the call's time on the child).
-    pub fn watch_questions(&self, questioner: Questioner) -> QuestionWatch {
-        let token = self.link.next_id.fetch_add(1, Ordering::Relaxed);
-        let (over_tx, over) = watch::channel(());
-        self.link
-            .questioners
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Registered {
-                token,
-                questioner,
-                over,
-            });
-        QuestionWatch {
-            link: self.link.clone(),
-            token,
-            _over: over_tx,
-        }
     }
 
     /// Sends a request and waits for its answer. Dropping the future (e.g. on a
@@ -487,21 +358,6 @@ impl RpcHandle {
         }
     }
 
-    /// Registers a call's progress token: the child's progress
-    /// notifications for it go to `sender` until the watch is dropped.
-    pub fn watch_progress(&self, sender: ProgressSender) -> ProgressWatch {
-        let token = self.link.next_id.fetch_add(1, Ordering::Relaxed);
-        self.link
-            .progress
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(token, sender);
-        ProgressWatch {
-            link: self.link.clone(),
-            token,
-        }
-    }
-
     /// Sends a notification; a child that is gone is not an error here.
     pub fn notify(&self, method: &str, params: Value) {
         self.link.send(mcp::notification_line(method, &params));
@@ -608,41 +464,6 @@ async fn read_line_bounded<R: AsyncRead + Unpin>(
 
 /// Owns stdout: routes responses to callers, answers the child's requests,
 /// forwards notifications. A protocol break closes the link and kills the child.
-/// A child's question (`elicitation/create`, request `id`): to the person
-/// through the latest call in flight that may ask, answered when they have
-/// answered (within the question's own deadline); with no such call, a
-/// `cancel` at once. The read loop goes on meanwhile.
-fn ask_the_person(link: &Arc<Link>, id: Value, params: Value) {
-    let cancel = || mcp::response_line(&id, Ok(serde_json::json!({"action": "cancel"})));
-    let chosen = {
-        let registered = link.questioners.lock().unwrap_or_else(|e| e.into_inner());
-        let one_session = registered
-            .windows(2)
-            .all(|w| w[0].questioner.session == w[1].questioner.session);
-        registered
-            .last()
-            .filter(|_| one_session)
-            .map(|r| (r.questioner.clone(), r.over.clone()))
-    };
-    // No call to ask for, or calls of several people in flight: whose
-    // question it is cannot be told, so nobody is asked.
-    let Some((questioner, mut over)) = chosen else {
-        tracing::debug!(toolbox = %link.toolbox, pid = link.pid, "a question with no one call to ask for: cancelled");
-        link.send(cancel());
-        return;
-    };
-    let link = link.clone();
-    tokio::spawn(async move {
-        let result = tokio::select! {
-            result = (questioner.ask)(params) => result,
-            // The call is over (answered, timed out, stopped): its
-            // question is withdrawn from the bus with it.
-            _ = over.changed() => serde_json::json!({"action": "cancel"}),
-        };
-        link.send(mcp::response_line(&id, Ok(result)));
-    });
-}
-
 pub(super) async fn read_stdout<R: AsyncRead + Unpin>(
     link: Arc<Link>,
     stdout: R,

@@ -370,15 +370,15 @@ fn environment(
             }
         }
     }
-    env.insert("HOME".into(), state_dir.into());
-    env.insert("TMPDIR".into(), tmp_dir.into());
-    env.insert(STATE_DIR_VAR.into(), state_dir.into());
-    // A value may name the child's own directories ($TOOLBOXD_STATE_DIR).
     let own = [
-        (STATE_DIR_VAR, state_dir),
         ("HOME", state_dir),
         ("TMPDIR", tmp_dir),
+        (STATE_DIR_VAR, state_dir),
     ];
+    for (name, path) in own {
+        env.insert(name.into(), path.into());
+    }
+    // A value may name the child's own directories ($TOOLBOXD_STATE_DIR).
     for (name, value) in &manifest.env {
         env.insert(name.into(), reach::expand(value, &own).into());
     }
